@@ -1,0 +1,130 @@
+"""`make demo`: embedded PostgreSQL + the fake Sume + a few workers, shown live with rich."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+
+from vidpoll.config import Settings
+from vidpoll.embedded import start_embedded
+from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
+from vidpoll.models import ClaimMode
+from vidpoll.policy import PollPolicy
+from vidpoll.store import PgStore, drop_database, migrate
+from vidpoll.sume import SumeClient
+from vidpoll.worker import Worker, WorkerConfig
+
+DEMO_DATABASE = "vidpoll_demo"
+DEMO_KEY = "sk-demo-not-a-real-key"
+TIME_LIMIT_S = 100.0
+
+
+def _fake_config() -> FakeConfig:
+    # Every fault class the worker handles, at rates high enough to be seen in 40 jobs.
+    return FakeConfig(api_key=DEMO_KEY, latency_s=0.08, latency_jitter=0.5, queued_s=1.0,
+                      render_s=8.0, render_jitter=0.6, next_poll_after_s=1.0,
+                      terminal_mix={"completed": 0.8, "failed": 0.1, "canceled": 0.05,
+                                    "expired": 0.05},
+                      fail_5xx=0.04, rate_429=0.03, unavailable_503=0.02, retry_after_s=2,
+                      malformed=0.02, html=0.02, hang=0.01, hang_s=6.0, not_found_for_s=1.0,
+                      uppercase=True, seed=7)
+
+
+def _view(counts: dict[str, int], workers: list[Worker], fake: FakeSume, started: float,
+          n_jobs: int) -> Group:
+    elapsed = time.monotonic() - started
+    states = Table(title="video_jobs by state", expand=False)
+    states.add_column("state")
+    states.add_column("rows", justify="right")
+    for state, n in sorted(counts.items()):
+        states.add_row(state, str(n))
+    per = Table(title="workers", expand=False)
+    for col in ("worker", "mode", "reads", "not ready", "finished", "errors by class"):
+        per.add_column(col)
+    for w in workers:
+        errs = ", ".join(f"{k}={v}" for k, v in sorted(w.stats.errors.items())) or "-"
+        per.add_row(w.config.worker_id, w.config.claim_mode.value, str(w.stats.reads),
+                    str(w.stats.not_ready), str(w.stats.finished), errs)
+    reads = sum(w.stats.reads for w in workers)
+    done = sum(n for s, n in counts.items() if s != "pending")
+    head = (f"{done}/{n_jobs} jobs finished · {reads} status reads · "
+            f"{reads / max(elapsed, 1e-9):.1f} reads/s · {elapsed:.0f}s elapsed · "
+            f"fake Sume billed {fake.billed} renders for {fake.creates} POSTs")
+    return Group(Panel(head, title="vidpoll demo"), states, per)
+
+
+async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
+    """Run the demo end to end and print a summary; raises if jobs are left unfinished."""
+    console = Console()
+    console.print(f"starting embedded PostgreSQL under {settings.home} ...")
+    admin_url = start_embedded(settings.home, database="postgres")
+    drop_database(admin_url, DEMO_DATABASE)
+    url = start_embedded(settings.home, database=DEMO_DATABASE)
+    console.print(f"migrations applied: {', '.join(await migrate(url))}")
+    fake = FakeSume(_fake_config())
+    runner, base_url = await start_fake(fake)
+    console.print(f"fake Sume on {base_url} (latency 80 ms ± 50 %, 5xx/429/503/hangs/bad bodies)")
+    store = await PgStore.open(url, max_size=2 + n_workers * 2)
+    started = time.monotonic()
+    workers: list[Worker] = []
+    try:
+        async with SumeClient(base_url, DEMO_KEY, timeout_s=3.0) as client:
+            await _submit(client, store, n_jobs, console)
+            policy = PollPolicy(backoff_base_s=1.0, backoff_max_s=8.0)
+            workers = [Worker(store, client, WorkerConfig(
+                concurrency=10, drain=True, lease_s=8.0, batch_size=10,
+                claim_mode=ClaimMode.LOCK if i == n_workers - 1 and i else ClaimMode.LEASE,
+                worker_id=f"demo-{i + 1}", policy=policy)) for i in range(n_workers)]
+            tasks = [asyncio.create_task(w.run()) for w in workers]
+            with Live(console=console, refresh_per_second=4) as live:
+                while not all(t.done() for t in tasks):
+                    if time.monotonic() - started > TIME_LIMIT_S:
+                        for w in workers:
+                            w.stop()
+                    live.update(_view(await store.counts(), workers, fake, started, n_jobs))
+                    await asyncio.wait(tasks, timeout=0.25)
+                live.update(_view(await store.counts(), workers, fake, started, n_jobs))
+            for task in tasks:
+                task.result()
+        counts = await store.counts()
+    finally:
+        await store.close()
+        await runner.cleanup()
+    _summary(console, counts, workers, fake, started)
+
+
+async def _submit(client: SumeClient, store: PgStore, n_jobs: int, console: Console) -> None:
+    """The seed's submit step: POST with our Idempotency-Key, insert the row right after 202."""
+    for _ in range(n_jobs):
+        key = str(uuid.uuid4())
+        while True:
+            answer = await client.create_video({"prompt": "a lighthouse at dawn"}, key)
+            if answer.status == 202:
+                break
+            await asyncio.sleep(0.2)  # same key on retry: never a second render
+        body: dict[str, Any] = __import__("json").loads(answer.body)
+        await store.add_job(body["job_id"], delay_s=1.0)
+    console.print(f"submitted {n_jobs} renders (each POST carried its own Idempotency-Key)")
+
+
+def _summary(console: Console, counts: dict[str, int], workers: list[Worker], fake: FakeSume,
+             started: float) -> None:
+    elapsed = time.monotonic() - started
+    reads = sum(w.stats.reads for w in workers)
+    errors: dict[str, int] = {}
+    for w in workers:
+        for k, v in w.stats.errors.items():
+            errors[k] = errors.get(k, 0) + v
+    console.print(f"\n[bold]summary[/bold]: {dict(sorted(counts.items()))} in {elapsed:.1f}s; "
+                  f"{reads} status reads, errors handled: {errors or 'none'}; "
+                  f"overlapping reads of one job seen by the fake: {fake.overlaps}; "
+                  f"renders billed: {fake.billed}")
+    if counts.get("pending"):
+        raise SystemExit(f"demo ended with {counts['pending']} jobs still pending")

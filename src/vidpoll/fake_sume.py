@@ -1,0 +1,305 @@
+"""A stand-in Sume server for tests, the demo and benchmarks (real HTTP, aiohttp).
+
+It implements the seed's contract (`POST /v1/videos`, `GET /v1/jobs/{id}/status`,
+`GET /v1/jobs/{id}/result`) with Sume's error envelope, plus every fault a real provider
+shows: latency, 5xx, 429/503 with Retry-After, hangs past the client timeout, malformed and
+HTML bodies, 404 right after creation, upper-case statuses. Tests can also script the exact
+answers one job gives, and read counters (reads per job, overlapping reads, billed creates).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+TERMINAL = ("completed", "failed", "canceled", "expired")
+
+
+@dataclass
+class FakeConfig:
+    """How the fake behaves; every fault rate is a probability per status read."""
+
+    api_key: str | None = "sk-fake"
+    latency_s: float = 0.0
+    latency_jitter: float = 0.0
+    queued_s: float = 0.5
+    render_s: float = 2.0
+    render_jitter: float = 0.5
+    next_poll_after_s: float | None = 1.0
+    terminal_mix: dict[str, float] = field(default_factory=lambda: {"completed": 1.0})
+    fail_5xx: float = 0.0
+    rate_429: float = 0.0
+    unavailable_503: float = 0.0
+    retry_after_s: float = 1.0
+    hang: float = 0.0
+    hang_s: float = 30.0
+    malformed: float = 0.0
+    html: float = 0.0
+    not_found_for_s: float = 0.0
+    uppercase: bool = False
+    auto_create: bool = False
+    seed: int | None = None
+
+
+@dataclass
+class FakeJob:
+    """One job the fake knows: when it was created and how it will end."""
+
+    job_id: str
+    created: float
+    queued_s: float
+    render_s: float
+    outcome: str
+    idempotency_key: str | None = None
+    script: list[dict[str, Any]] = field(default_factory=list)
+
+
+class FakeSume:
+    """The fake's state and handlers; `app()` gives the aiohttp application."""
+
+    def __init__(self, config: FakeConfig | None = None) -> None:
+        self.config = config or FakeConfig()
+        self.rng = random.Random(self.config.seed)
+        self.jobs: dict[str, FakeJob] = {}
+        self.by_key: dict[str, str] = {}
+        self.reads: Counter[str] = Counter()
+        self.in_flight: Counter[str] = Counter()
+        self.overlaps = 0
+        self.creates = 0
+        self.billed = 0
+        self.answers: Counter[int] = Counter()
+        self.raw_paths: list[str] = []
+        self.auth_failures = 0
+
+    # -- test helpers -------------------------------------------------------------------
+    def add_job(self, job_id: str | None = None, *, outcome: str | None = None,
+                render_s: float | None = None, queued_s: float | None = None,
+                script: list[dict[str, Any]] | None = None) -> str:
+        """Create a job directly (no billing); `script` fixes its answers one read at a time."""
+        job_id = job_id or f"vid_{uuid.uuid4().hex[:20]}"
+        cfg = self.config
+        if render_s is None:
+            render_s = cfg.render_s * self.rng.uniform(1 - cfg.render_jitter,
+                                                       1 + cfg.render_jitter)
+        self.jobs[job_id] = FakeJob(job_id, time.monotonic(),
+                                    cfg.queued_s if queued_s is None else queued_s,
+                                    max(0.0, render_s), outcome or self._pick_outcome(),
+                                    script=list(script or []))
+        return job_id
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for tests and benchmarks."""
+        return {"jobs": len(self.jobs), "reads": sum(self.reads.values()),
+                "overlaps": self.overlaps, "creates": self.creates, "billed": self.billed,
+                "answers": {str(k): v for k, v in sorted(self.answers.items())},
+                "auth_failures": self.auth_failures}
+
+    def _pick_outcome(self) -> str:
+        mix = self.config.terminal_mix
+        return self.rng.choices(list(mix), weights=list(mix.values()))[0]
+
+    # -- HTTP -----------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        """The aiohttp application serving the fake."""
+        app = web.Application()
+        app.router.add_post("/v1/videos", self.create)
+        app.router.add_get("/v1/jobs/{job_id}/status", self.status)
+        app.router.add_get("/v1/jobs/{job_id}/result", self.result)
+        app.router.add_get("/_fake/stats", self.stats_view)
+        app.router.add_post("/_fake/config", self.config_view)
+        return app
+
+    def _error(self, status: int, code: str, message: str,
+               headers: dict[str, str] | None = None) -> web.Response:
+        self.answers[status] += 1
+        body = {"error": {"code": code, "message": message},
+                "request_id": f"req_{uuid.uuid4().hex[:16]}"}
+        return web.json_response(body, status=status, headers=headers)
+
+    def _authorized(self, request: web.Request) -> bool:
+        want = self.config.api_key
+        if want is None:
+            return True
+        return request.headers.get("Authorization") == f"Bearer {want}"
+
+    async def _latency(self) -> None:
+        cfg = self.config
+        if cfg.latency_s > 0:
+            j = cfg.latency_jitter
+            await asyncio.sleep(cfg.latency_s * self.rng.uniform(1 - j, 1 + j))
+
+    async def create(self, request: web.Request) -> web.Response:
+        """POST /v1/videos: 202 with a job id; the same Idempotency-Key returns the same job."""
+        await self._latency()
+        if not self._authorized(request):
+            self.auth_failures += 1
+            return self._error(401, "unauthorized", "invalid API key")
+        try:
+            payload = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            payload = None
+        if not isinstance(payload, dict):
+            return self._error(422, "bad_request", "body must be a JSON object")
+        self.creates += 1
+        key = request.headers.get("Idempotency-Key")
+        if key and key in self.by_key:
+            job_id = self.by_key[key]
+        else:
+            job_id = self.add_job()
+            self.jobs[job_id].idempotency_key = key
+            if key:
+                self.by_key[key] = job_id
+            self.billed += 1
+        self.answers[202] += 1
+        return web.json_response({"job_id": job_id, "status": "queued"}, status=202)
+
+    def _status_of(self, job: FakeJob) -> str:
+        age = time.monotonic() - job.created
+        if age < job.queued_s:
+            return "queued"
+        if age < job.queued_s + job.render_s:
+            return "running"
+        return job.outcome
+
+    async def status(self, request: web.Request) -> web.StreamResponse:
+        """GET /v1/jobs/{id}/status with the configured faults."""
+        job_id = request.match_info["job_id"]
+        self.raw_paths.append(request.raw_path)
+        self.reads[job_id] += 1
+        self.in_flight[job_id] += 1
+        if self.in_flight[job_id] > 1:
+            self.overlaps += 1
+        try:
+            return await self._status(request, job_id)
+        finally:
+            self.in_flight[job_id] -= 1
+
+    async def _status(self, request: web.Request, job_id: str) -> web.StreamResponse:
+        cfg = self.config
+        await self._latency()
+        if not self._authorized(request):
+            self.auth_failures += 1
+            return self._error(401, "unauthorized", "invalid API key")
+        job = self.jobs.get(job_id)
+        if job is None and cfg.auto_create:
+            self.add_job(job_id)
+            job = self.jobs[job_id]
+        if job is None:
+            return self._error(404, "not_found", "no such job")
+        if job.script:
+            step = job.script.pop(0) if len(job.script) > 1 else job.script[0]
+            return await self._scripted(job, step)
+        if time.monotonic() - job.created < cfg.not_found_for_s:
+            return self._error(404, "not_found", "no such job")
+        roll = self.rng.random()
+        for rate, fault in ((cfg.hang, "hang"), (cfg.fail_5xx, "5xx"), (cfg.rate_429, "429"),
+                            (cfg.unavailable_503, "503"), (cfg.malformed, "malformed"),
+                            (cfg.html, "html")):
+            if roll < rate:
+                return await self._fault(fault)
+            roll -= rate
+        return self._answer(job)
+
+    def _answer(self, job: FakeJob, status: str | None = None) -> web.Response:
+        status = status or self._status_of(job)
+        terminal = status in TERMINAL
+        body: dict[str, Any] = {"job_id": job.job_id,
+                                "sume_status": status.upper() if self.config.uppercase else status,
+                                "terminal": terminal}
+        if not terminal and self.config.next_poll_after_s is not None:
+            body["next_poll_after_seconds"] = self.config.next_poll_after_s
+        self.answers[200] += 1
+        return web.json_response(body)
+
+    async def _fault(self, fault: str) -> web.StreamResponse:
+        cfg = self.config
+        if fault == "hang":
+            await asyncio.sleep(cfg.hang_s)
+            return self._error(504, "internal_error", "hung")
+        if fault == "5xx":
+            return self._error(500, "internal_error", "something broke")
+        if fault == "429":
+            return self._error(429, "rate_limit_exceeded", "slow down",
+                               {"Retry-After": f"{cfg.retry_after_s:g}"})
+        if fault == "503":
+            return self._error(503, "internal_error", "overloaded",
+                               {"Retry-After": f"{cfg.retry_after_s:g}"})
+        self.answers[200] += 1
+        if fault == "malformed":
+            return web.json_response({"job_id": "?", "sume_status": 3})
+        return web.Response(text="<html><body>502 Bad Gateway</body></html>",
+                            content_type="text/html")
+
+    async def _scripted(self, job: FakeJob, step: dict[str, Any]) -> web.StreamResponse:
+        """One scripted answer: {"hang": s} | {"http": code, "headers": {...}, "raw": text}
+        | {"body": {...}} | {"sume_status": s, "terminal": b, ...} | {"fault": name}."""
+        if "hang" in step:
+            await asyncio.sleep(float(step["hang"]))
+        if "fault" in step:
+            return await self._fault(str(step["fault"]))
+        code = int(step.get("http", 200))
+        headers = step.get("headers")
+        if "raw" in step:
+            self.answers[code] += 1
+            return web.Response(status=code, text=str(step["raw"]), headers=headers,
+                                content_type=step.get("content_type", "text/plain"))
+        if code != 200:
+            return self._error(code, step.get("code", "error"), step.get("message", "scripted"),
+                               headers)
+        body = step.get("body")
+        if body is None:
+            body = {k: v for k, v in step.items() if k not in ("http", "headers")}
+            body.setdefault("job_id", job.job_id)
+        self.answers[200] += 1
+        return web.Response(text=json.dumps(body), content_type="application/json",
+                            headers=headers)
+
+    async def result(self, request: web.Request) -> web.Response:
+        """GET /v1/jobs/{id}/result: 409 job_not_completed until the job completed."""
+        await self._latency()
+        if not self._authorized(request):
+            return self._error(401, "unauthorized", "invalid API key")
+        job = self.jobs.get(request.match_info["job_id"])
+        if job is None:
+            return self._error(404, "not_found", "no such job")
+        if self._status_of(job) != "completed":
+            return self._error(409, "job_not_completed", "the job has not completed")
+        self.answers[200] += 1
+        host = f"{request.scheme}://{request.host}"
+        return web.json_response({"job_id": job.job_id, "videos": [
+            {"url": f"{host}/media/{job.job_id}.mp4?sig={uuid.uuid4().hex}&expires=3600"}]})
+
+    async def stats_view(self, request: web.Request) -> web.Response:
+        """GET /_fake/stats: the counters as JSON."""
+        return web.json_response(self.stats())
+
+    async def config_view(self, request: web.Request) -> web.Response:
+        """POST /_fake/config: change fault rates at runtime (benchmarks, chaos runs)."""
+        changes = await request.json()
+        for key, value in changes.items():
+            if not hasattr(self.config, key):
+                return web.json_response({"error": f"unknown setting {key}"}, status=400)
+            setattr(self.config, key, value)
+        return web.json_response(asdict(self.config))
+
+
+async def start_fake(fake: FakeSume, host: str = "127.0.0.1",
+                     port: int = 0) -> tuple[web.AppRunner, str]:
+    """Serve `fake` on a loopback port; returns the runner and its base URL."""
+    # handler_cancellation: a client that gave up (timeout) ends its request here too, so
+    # "two reads of one job at once" counts only reads a client is still waiting for.
+    runner = web.AppRunner(fake.app(), access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    addresses = runner.addresses
+    bound = addresses[0][1]
+    return runner, f"http://{host}:{bound}"

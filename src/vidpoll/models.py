@@ -1,0 +1,106 @@
+"""Plain data shared by every layer: frozen dataclasses and enums, no I/O."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+PENDING = "pending"
+"""The one state that is polled; every other state is final."""
+
+NOT_FOUND = "not_found"
+"""Local terminal state: Sume kept answering 404 past the configured tries and age."""
+
+GAVE_UP = "gave_up"
+"""Local terminal state: still not terminal after the max polling age; `jobs resume` revives it."""
+
+LOCAL_TERMINAL_STATES = frozenset({NOT_FOUND, GAVE_UP})
+
+
+class ClaimMode(enum.StrEnum):
+    """How a worker owns the rows it reads."""
+
+    LEASE = "lease"
+    LOCK = "lock"
+
+
+class ErrorClass(enum.StrEnum):
+    """Why a status read did not produce an answer; each is counted separately."""
+
+    RATE_LIMITED = "rate_limited"
+    UNAVAILABLE = "unavailable"
+    SERVER_ERROR = "server_error"
+    TIMEOUT = "timeout"
+    CONNECTION = "connection"
+    MALFORMED = "malformed"
+    NOT_FOUND = "not_found"
+    AUTH = "auth"
+    CLIENT_ERROR = "client_error"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A row a worker owns until its lease ends (or its transaction does)."""
+
+    job_id: str
+    claim_token: uuid.UUID
+    due_at: datetime
+    polling_since: datetime
+    polls: int
+    consecutive_errors: int
+    not_found_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class HttpAnswer:
+    """What came back from one status read, before any interpretation."""
+
+    status: int | None
+    body: bytes = b""
+    retry_after: str | None = None
+    request_id: str | None = None
+    transport_error: ErrorClass | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What to write for one claimed job; produced by policy, applied by the store."""
+
+    job_id: str
+    claim_token: uuid.UUID
+    state: str
+    delay_s: float
+    read_ok: bool
+    http_status: int | None = None
+    error_class: ErrorClass | None = None
+    error: str | None = None
+    provider_status: str | None = None
+    body: dict[str, Any] | None = None
+    request_id: str | None = None
+
+    @property
+    def is_final(self) -> bool:
+        """True when this outcome takes the row out of polling."""
+        return self.state != PENDING
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Counters a worker keeps about itself, for the demo view and tests."""
+
+    claims: int = 0
+    claimed_rows: int = 0
+    reads: int = 0
+    not_ready: int = 0
+    finished: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    fenced_out: int = 0
+    db_errors: int = 0
+
+    def count_error(self, error_class: ErrorClass) -> None:
+        """Add one to the counter of this error class."""
+        self.errors[error_class.value] = self.errors.get(error_class.value, 0) + 1

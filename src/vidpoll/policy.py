@@ -1,0 +1,205 @@
+"""Pure decisions: turn one status read into the row's next state and due time.
+
+Nothing here does I/O or reads the clock; `now` and the random source are passed in,
+so every rule is tested without a database, a socket or a sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from vidpoll.models import (
+    GAVE_UP,
+    NOT_FOUND,
+    PENDING,
+    ClaimedJob,
+    ErrorClass,
+    HttpAnswer,
+    Outcome,
+)
+
+DEFAULT_POLL_INTERVAL_S = 15.0
+IN_PROGRESS_STATUSES = frozenset({"queued", "running", "processing", "pending", "submitted"})
+MAX_ERROR_TEXT = 500
+
+
+@dataclass(frozen=True, slots=True)
+class PollPolicy:
+    """Every knob of the polling rules, with the documented defaults."""
+
+    default_poll_s: float = DEFAULT_POLL_INTERVAL_S
+    min_poll_s: float = 1.0
+    max_poll_s: float = 3600.0
+    backoff_base_s: float = 2.0
+    backoff_max_s: float = 300.0
+    not_found_max_tries: int = 8
+    not_found_max_age_s: float = 3600.0
+    not_found_min_tries_when_old: int = 3
+    max_age_s: float = 48 * 3600.0
+    auth_backoff_max_s: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class AuthPause:
+    """A 401/403: stop all polling for `delay_s`, leave the row untouched."""
+
+    delay_s: float
+    http_status: int
+    detail: str
+
+
+def backoff_delay(attempt: int, policy: PollPolicy, rng: random.Random,
+                  cap_s: float | None = None) -> float:
+    """Exponential backoff with equal jitter; attempt 1 is the first failure.
+
+    Equal jitter (half fixed, half random) keeps a floor under every retry, so a fleet of
+    workers that failed together spreads out without any of them retrying at once.
+    """
+    cap = policy.backoff_max_s if cap_s is None else cap_s
+    exp = min(cap, policy.backoff_base_s * 2 ** min(max(attempt, 1) - 1, 30))
+    return float(max(policy.min_poll_s, exp / 2 + rng.uniform(0, exp / 2)))
+
+
+def parse_retry_after(value: str | None, now: datetime) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or HTTP date); None if unusable."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - now).total_seconds()
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+def next_poll_delay(raw: Any, policy: PollPolicy) -> float:
+    """Seconds until the next read from `next_poll_after_seconds`, defaulted and clamped."""
+    value: float | None = None
+    if isinstance(raw, bool):
+        value = None
+    elif isinstance(raw, int | float):
+        value = float(raw)
+    elif isinstance(raw, str):
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            value = None
+    if value is None or not math.isfinite(value) or value < 0:
+        value = policy.default_poll_s
+    return min(policy.max_poll_s, max(policy.min_poll_s, value))
+
+
+def _age_s(job: ClaimedJob, now: datetime) -> float:
+    return (now - job.polling_since).total_seconds()
+
+
+def _error_text(answer: HttpAnswer, what: str) -> str:
+    parts = [what]
+    envelope = _json_object(answer.body)
+    if envelope is not None and isinstance(envelope.get("error"), dict):
+        err = envelope["error"]
+        code, message = err.get("code"), err.get("message")
+        if code:
+            parts.append(str(code))
+        if message:
+            parts.append(str(message))
+    elif answer.detail:
+        parts.append(answer.detail)
+    return ": ".join(parts)[:MAX_ERROR_TEXT]
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def request_id_of(answer: HttpAnswer) -> str | None:
+    """The provider's request id, from the body's envelope or the response header."""
+    body = _json_object(answer.body)
+    if body is not None and isinstance(body.get("request_id"), str):
+        return str(body["request_id"])[:200]
+    return answer.request_id
+
+
+def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolicy,
+           rng: random.Random) -> Outcome | AuthPause:
+    """Classify one status read and say what the row becomes."""
+    status = answer.status
+    request_id = request_id_of(answer)
+
+    def error(cls: ErrorClass, what: str, delay_s: float | None = None,
+              state: str = PENDING) -> Outcome:
+        if delay_s is None:
+            delay_s = backoff_delay(job.consecutive_errors + 1, policy, rng)
+        if state == PENDING and _age_s(job, now) >= policy.max_age_s:
+            state = GAVE_UP
+        return Outcome(job.job_id, job.claim_token, state, delay_s, read_ok=False,
+                       http_status=status, error_class=cls, error=_error_text(answer, what),
+                       body=_json_object(answer.body), request_id=request_id)
+
+    if answer.transport_error is not None:
+        return error(answer.transport_error, answer.transport_error.value)
+    assert status is not None
+    if status in (401, 403):
+        return AuthPause(0.0, status, _error_text(answer, f"HTTP {status}"))
+    if status == 404:
+        tries = job.not_found_count + 1
+        gone = tries >= policy.not_found_max_tries or (
+            _age_s(job, now) >= policy.not_found_max_age_s
+            and tries >= policy.not_found_min_tries_when_old)
+        return error(ErrorClass.NOT_FOUND, "HTTP 404", state=NOT_FOUND if gone else PENDING)
+    if status in (429, 503):
+        hinted = parse_retry_after(answer.retry_after, now)
+        cls = ErrorClass.RATE_LIMITED if status == 429 else ErrorClass.UNAVAILABLE
+        delay = None
+        if hinted is not None:
+            delay = min(policy.max_poll_s, max(policy.min_poll_s, hinted))
+        return error(cls, f"HTTP {status}", delay)
+    if status >= 500:
+        return error(ErrorClass.SERVER_ERROR, f"HTTP {status}")
+    if not 200 <= status < 300:
+        return error(ErrorClass.CLIENT_ERROR, f"HTTP {status}")
+
+    body = _json_object(answer.body)
+    if body is None:
+        return error(ErrorClass.MALFORMED, f"HTTP {status} body is not a JSON object")
+    terminal = body.get("terminal")
+    raw_status = body.get("sume_status")
+    if not isinstance(terminal, bool):
+        return error(ErrorClass.MALFORMED, "field 'terminal' missing or not a boolean")
+    provider_status = raw_status.strip().lower() if isinstance(raw_status, str) else None
+    if terminal:
+        if not provider_status or provider_status == PENDING:
+            return error(ErrorClass.MALFORMED, "terminal answer without a usable 'sume_status'")
+        return Outcome(job.job_id, job.claim_token, provider_status[:64], 0.0, read_ok=True,
+                       http_status=status, provider_status=provider_status, body=body,
+                       request_id=request_id)
+    state = GAVE_UP if _age_s(job, now) >= policy.max_age_s else PENDING
+    return Outcome(job.job_id, job.claim_token, state,
+                   next_poll_delay(body.get("next_poll_after_seconds"), policy), read_ok=True,
+                   http_status=status, provider_status=provider_status, body=body,
+                   request_id=request_id)
+
+
+def auth_pause_delay(failures: int, policy: PollPolicy, rng: random.Random) -> float:
+    """How long every read stays paused after `failures` 401/403 answers in a row."""
+    return backoff_delay(failures, policy, rng, cap_s=policy.auth_backoff_max_s)

@@ -1,0 +1,37 @@
+"""Loads the named queries of queries.sql and the migration files, once."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def _load_queries() -> dict[str, str]:
+    text = resources.files(__package__).joinpath("queries.sql").read_text(encoding="utf-8")
+    parts = _NAME.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise ValueError(f"query {name!r} defined twice in queries.sql")
+        queries[name] = body.strip().rstrip(";")
+    return queries
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, file name, SQL) of every shipped migration, in order."""
+    folder = resources.files(__package__).joinpath("migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = re.match(r"^(\d{4})_\w+\.sql$", entry.name)
+        if match:
+            found.append((int(match.group(1)), entry.name, entry.read_text(encoding="utf-8")))
+    found.sort()
+    versions = [v for v, _, _ in found]
+    if versions != list(range(1, len(versions) + 1)):
+        raise ValueError(f"migration versions must be 1..N without gaps, got {versions}")
+    return found
+
+
+QUERIES: dict[str, str] = _load_queries()

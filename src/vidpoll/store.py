@@ -1,0 +1,314 @@
+"""PostgreSQL access: the only module that imports psycopg. One method per named query."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, LiteralString, cast
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from vidpoll.errors import DatabaseUnavailable, InvalidJobId, SchemaError
+from vidpoll.models import ClaimedJob, Outcome
+from vidpoll.sql import QUERIES, migrations
+
+log = logging.getLogger(__name__)
+
+MAX_JOB_ID_LEN = 1024
+NOTIFY_CHANNEL = "vidpoll_jobs"
+
+
+def validate_job_id(job_id: str) -> str:
+    """Return `job_id` unchanged if PostgreSQL can store it; raise InvalidJobId otherwise.
+
+    Any other character is fine: ids are stored as given and percent-encoded on the wire.
+    """
+    if not isinstance(job_id, str) or not job_id:
+        raise InvalidJobId("job id must be a non-empty string")
+    if "\x00" in job_id:
+        raise InvalidJobId("job id contains a NUL byte, which PostgreSQL text cannot hold")
+    if len(job_id) > MAX_JOB_ID_LEN:
+        raise InvalidJobId(f"job id is {len(job_id)} characters; the limit is {MAX_JOB_ID_LEN}")
+    return job_id
+
+
+def redact_url(url: str) -> str:
+    """A connection string without its password, for messages."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "<unparseable DATABASE_URL>"
+    info.pop("password", None)
+    return " ".join(f"{k}={v}" for k, v in info.items())
+
+
+def create_database_if_missing(admin_url: str, database: str) -> None:
+    """CREATE DATABASE `database` on the server of `admin_url` unless it exists."""
+    try:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            exists = conn.execute(_q("database_exists"), {"name": database}).fetchone()
+            if not exists:
+                conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(
+                    psycopg.sql.Identifier(database)))
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(f"cannot reach PostgreSQL at {redact_url(admin_url)}") from exc
+
+
+def drop_database(admin_url: str, database: str) -> None:
+    """DROP DATABASE `database` (WITH FORCE) if it exists; for the demo and tests."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            psycopg.sql.Identifier(database)))
+
+
+def _q(name: str) -> LiteralString:
+    return QUERIES[name]
+
+
+def _job(row: dict[str, Any]) -> ClaimedJob:
+    return ClaimedJob(job_id=row["job_id"], claim_token=row["claim_token"],
+                      due_at=row["due_at"], polling_since=row["polling_since"],
+                      polls=row["polls"], consecutive_errors=row["consecutive_errors"],
+                      not_found_count=row["not_found_count"])
+
+
+def _outcome_params(outcomes: Sequence[Outcome], now: datetime | None) -> dict[str, Any]:
+    return {
+        "job_ids": [o.job_id for o in outcomes],
+        "tokens": [o.claim_token for o in outcomes],
+        "states": [o.state for o in outcomes],
+        "delays_s": [float(o.delay_s) for o in outcomes],
+        "read_ok": [o.read_ok for o in outcomes],
+        "http_statuses": [o.http_status for o in outcomes],
+        "error_classes": [o.error_class.value if o.error_class else None for o in outcomes],
+        "errors": [o.error for o in outcomes],
+        "provider_statuses": [o.provider_status for o in outcomes],
+        "bodies": [Jsonb(o.body) if o.body is not None else None for o in outcomes],
+        "request_ids": [o.request_id for o in outcomes],
+        "now": now,
+    }
+
+
+@asynccontextmanager
+async def _translate_errors() -> AsyncIterator[None]:
+    try:
+        yield
+    except (psycopg.OperationalError, PoolTimeout) as exc:
+        raise DatabaseUnavailable(f"PostgreSQL is unavailable: {exc}".strip()) from exc
+
+
+@dataclass
+class LockedBatch:
+    """Rows claimed in lock mode: their row locks last as long as this batch's transaction."""
+
+    jobs: list[ClaimedJob]
+    _conn: psycopg.AsyncConnection[Any]
+    now: datetime | None = None
+
+    async def record(self, outcomes: Sequence[Outcome]) -> set[str]:
+        """Write outcomes inside the batch's transaction; committed when the batch ends."""
+        if not outcomes:
+            return set()
+        async with _translate_errors():
+            cur = await self._conn.execute(_q("record_outcomes"),
+                                           _outcome_params(outcomes, self.now))
+            return {r[0] for r in await cur.fetchall()}
+
+
+class PgStore:
+    """The job table, through a small pool of autocommit connections."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any], url: str) -> None:
+        self._pool = pool
+        self._url = url
+
+    @classmethod
+    async def open(cls, url: str, *, max_size: int = 4, timeout_s: float = 10.0,
+                   check_schema: bool = True) -> PgStore:
+        """Connect (failing with DatabaseUnavailable if PostgreSQL is down) and check the schema."""
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            url, min_size=1, max_size=max_size, open=False, timeout=timeout_s,
+            kwargs={"autocommit": True}, check=AsyncConnectionPool.check_connection,
+            reconnect_timeout=3600.0, name="vidpoll")
+        try:
+            await pool.open(wait=True, timeout=timeout_s)
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            await pool.close()
+            raise DatabaseUnavailable(
+                f"cannot connect to PostgreSQL at {redact_url(url)} within {timeout_s:g} s; "
+                "is it running, and is DATABASE_URL right?") from exc
+        store = cls(pool, url)
+        if check_schema:
+            try:
+                await store.check_schema()
+            except BaseException:
+                await store.close()
+                raise
+        return store
+
+    async def close(self) -> None:
+        """Close every connection."""
+        await self._pool.close()
+
+    async def check_schema(self) -> int:
+        """Raise SchemaError unless the database is migrated to exactly this vidpoll's version."""
+        latest = len(migrations())
+        version = await self.schema_version()
+        if version is None:
+            raise SchemaError("the database has no vidpoll schema; run `vidpoll migrate` first")
+        if version < latest:
+            raise SchemaError(f"schema version {version} is older than {latest}; "
+                              "run `vidpoll migrate`")
+        if version > latest:
+            raise SchemaError(f"schema version {version} is newer than this vidpoll ({latest}); "
+                              "upgrade vidpoll")
+        return version
+
+    async def schema_version(self) -> int | None:
+        """The highest applied migration, or None if vidpoll never migrated this database."""
+        row = await self._one("schema_version", {})
+        return None if row is None else cast(int | None, row["version"])
+
+    async def _one(self, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        async with _translate_errors(), self._pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(_q(name), params)
+            row: dict[str, Any] | None = await cur.fetchone()
+            return row
+
+    async def _all(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        async with _translate_errors(), self._pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(_q(name), params)
+            rows: list[dict[str, Any]] = await cur.fetchall()
+            return rows
+
+    async def claim(self, limit: int, lease_s: float, worker_id: str,
+                    now: datetime | None = None) -> list[ClaimedJob]:
+        """Lease mode: claim up to `limit` due rows and commit at once."""
+        rows = await self._all("claim_due", {"limit": limit, "lease_s": lease_s,
+                                             "worker_id": worker_id, "now": now})
+        return [_job(r) for r in rows]
+
+    @asynccontextmanager
+    async def lock_batch(self, limit: int, worker_id: str,
+                         now: datetime | None = None) -> AsyncIterator[LockedBatch]:
+        """Lock mode: claim up to `limit` rows and hold their locks until the block ends."""
+        async with _translate_errors(), self._pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(_q("claim_due"), {"limit": limit, "lease_s": None,
+                                                "worker_id": worker_id, "now": now})
+            yield LockedBatch([_job(r) for r in await cur.fetchall()], conn, now)
+
+    async def record(self, outcomes: Sequence[Outcome], now: datetime | None = None) -> set[str]:
+        """Write read results; returns the job ids whose fence held (the others are stale)."""
+        if not outcomes:
+            return set()
+        rows = await self._all("record_outcomes", _outcome_params(outcomes, now))
+        return {r["job_id"] for r in rows}
+
+    async def release(self, jobs: Sequence[ClaimedJob]) -> set[str]:
+        """Give claimed rows back unread, due when they were due before the claim."""
+        if not jobs:
+            return set()
+        rows = await self._all("release_claims", {
+            "job_ids": [j.job_id for j in jobs], "tokens": [j.claim_token for j in jobs],
+            "due_ats": [j.due_at for j in jobs]})
+        return {r["job_id"] for r in rows}
+
+    async def next_due_in(self) -> float | None:
+        """Seconds until the earliest pending row is due (database clock); None if none."""
+        row = await self._one("next_due_in", {})
+        return None if row is None else cast(float | None, row["next_due_in_s"])
+
+    async def has_pending(self) -> bool:
+        """True while any row is still being polled."""
+        row = await self._one("has_pending", {})
+        return bool(row and row["has_pending"])
+
+    async def add_job(self, job_id: str, delay_s: float = 15.0,
+                      now: datetime | None = None) -> bool:
+        """Track a job id; False if it was already tracked (the existing row is kept)."""
+        validate_job_id(job_id)
+        row = await self._one("insert_job", {"job_id": job_id, "delay_s": delay_s, "now": now})
+        return row is not None
+
+    async def resume(self, job_id: str, now: datetime | None = None) -> bool:
+        """Put a gave_up/not_found row back to polling now; False if there is no such row."""
+        row = await self._one("resume_job", {"job_id": job_id, "now": now})
+        return row is not None
+
+    async def get_job(self, job_id: str) -> dict[str, Any] | None:
+        """Every column of one row, or None."""
+        return await self._one("get_job", {"job_id": job_id})
+
+    async def counts(self) -> dict[str, int]:
+        """Rows per state."""
+        return {r["state"]: r["n"] for r in await self._all("count_by_state", {})}
+
+    async def backlog(self, now: datetime | None = None) -> tuple[int, float]:
+        """(rows due now, seconds the oldest due row is late)."""
+        row = await self._one("due_backlog", {"now": now})
+        assert row is not None
+        return int(row["due"]), float(row["oldest_late_s"] or 0.0)
+
+    async def notifications(self) -> AsyncIterator[None]:
+        """Yield once per NOTIFY on the jobs channel, on a connection of its own.
+
+        Raises DatabaseUnavailable when the connection drops; the caller reconnects.
+        """
+        async with _translate_errors():
+            conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
+            try:
+                await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                async for _ in conn.notifies():
+                    yield None
+            finally:
+                await conn.close()
+
+
+async def migrate(url: str, timeout_s: float = 10.0) -> list[str]:
+    """Apply every migration not applied yet, in one transaction under an advisory lock.
+
+    Safe to run concurrently and repeatedly: a second run waits for the lock, then finds
+    nothing to do. Returns the names of the files it applied.
+    """
+    try:
+        conn = await psycopg.AsyncConnection.connect(url, connect_timeout=int(timeout_s))
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to PostgreSQL at {redact_url(url)}: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}") from exc
+    applied: list[str] = []
+    try:
+        async with conn.transaction():
+            # Waits for DDL on a table the seed's loop keeps busy instead of failing at once,
+            # but never forever.
+            await conn.execute("SET LOCAL lock_timeout = '60s'")
+            await conn.execute(_q("lock_migrations"))
+            await conn.execute(_q("create_migrations_table"))
+            cur = await conn.execute(_q("applied_migrations"))
+            done = {r[0] for r in await cur.fetchall()}
+            shipped = migrations()
+            if done and max(done) > len(shipped):
+                raise SchemaError(f"schema version {max(done)} is newer than this vidpoll "
+                                  f"({len(shipped)}); upgrade vidpoll")
+            for version, name, sql in shipped:
+                if version in done:
+                    continue
+                log.info("applying migration %s", name)
+                await conn.execute(sql)
+                await conn.execute(_q("record_migration"), {"version": version, "name": name})
+                applied.append(name)
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(f"PostgreSQL went away during migrate: {exc}") from exc
+    finally:
+        await conn.close()
+    return applied
+

@@ -1,0 +1,113 @@
+"""The Sume HTTP client: the only module that talks HTTP to the provider.
+
+It never interprets an answer beyond transport (that is vidpoll.policy's job) and never logs
+headers, so the API key cannot leak through it.
+"""
+
+from __future__ import annotations
+
+import json
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+from yarl import URL
+
+from vidpoll.models import ErrorClass, HttpAnswer
+
+DEFAULT_BASE_URL = "https://api.sume.com"
+DEFAULT_STATUS_PATH = "/v1/jobs/{job_id}/status"
+DEFAULT_CREATE_PATH = "/v1/videos"
+MAX_BODY_BYTES = 1 << 20
+
+
+def job_path_segment(job_id: str) -> str:
+    """Percent-encode a job id as exactly one path segment.
+
+    `quote(safe="")` encodes '/', '?', '#', '%' and everything else outside the unreserved set;
+    '.' and '..' are unreserved yet mean "this/parent directory", so they are encoded too.
+    """
+    segment = quote(job_id, safe="")
+    if segment in (".", ".."):
+        segment = segment.replace(".", "%2E")
+    return segment
+
+
+def status_url(base_url: str, job_id: str, path: str = DEFAULT_STATUS_PATH) -> URL:
+    """The status URL of one job, already encoded, so aiohttp sends it byte for byte."""
+    base = str(URL(base_url)).rstrip("/")
+    return URL(base + path.replace("{job_id}", job_path_segment(job_id)), encoded=True)
+
+
+class SumeClient:
+    """Async client for Sume's job endpoints with a short total timeout per call."""
+
+    def __init__(self, base_url: str, api_key: str, *, timeout_s: float = 15.0,
+                 max_connections: int = 100, status_path: str = DEFAULT_STATUS_PATH,
+                 create_path: str = DEFAULT_CREATE_PATH) -> None:
+        self.base_url = base_url
+        self._api_key = api_key
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._max_connections = max_connections
+        self._status_path = status_path
+        self._create_path = create_path
+        self._session: aiohttp.ClientSession | None = None
+
+    def __repr__(self) -> str:
+        return f"SumeClient(base_url={self.base_url!r}, api_key=<redacted>)"
+
+    async def __aenter__(self) -> SumeClient:
+        connector = aiohttp.TCPConnector(limit=self._max_connections,
+                                         limit_per_host=self._max_connections)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=self._timeout, raise_for_status=False,
+            headers={"Authorization": f"Bearer {self._api_key}",
+                     "Accept": "application/json", "User-Agent": "vidpoll"})
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def read_status(self, job_id: str) -> HttpAnswer:
+        """GET the job's status; every failure comes back as an HttpAnswer, never raised."""
+        return await self._call("GET", status_url(self.base_url, job_id, self._status_path))
+
+    async def create_video(self, payload: dict[str, Any], idempotency_key: str) -> HttpAnswer:
+        """POST a new render with our own Idempotency-Key (the paid call)."""
+        url = URL(str(URL(self.base_url)).rstrip("/") + self._create_path, encoded=True)
+        return await self._call("POST", url, data=json.dumps(payload).encode(),
+                                headers={"Idempotency-Key": idempotency_key,
+                                         "Content-Type": "application/json"})
+
+    async def _call(self, method: str, url: URL, **kwargs: Any) -> HttpAnswer:
+        assert self._session is not None, "use `async with SumeClient(...)`"
+        try:
+            async with self._session.request(method, url, **kwargs) as resp:
+                body = await resp.content.read(MAX_BODY_BYTES + 1)
+                if len(body) > MAX_BODY_BYTES:
+                    return HttpAnswer(resp.status, b"", transport_error=ErrorClass.MALFORMED,
+                                      detail=f"body larger than {MAX_BODY_BYTES} bytes")
+                return HttpAnswer(resp.status, body, retry_after=resp.headers.get("Retry-After"),
+                                  request_id=resp.headers.get("X-Request-Id"))
+        except TimeoutError:
+            return HttpAnswer(None, transport_error=ErrorClass.TIMEOUT,
+                              detail=f"no answer within {self._timeout.total:g} s")
+        except aiohttp.ClientPayloadError as exc:
+            return HttpAnswer(None, transport_error=ErrorClass.MALFORMED,
+                              detail=f"broken body: {type(exc).__name__}")
+        except (aiohttp.ClientError, OSError) as exc:
+            return HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
+                              detail=f"{type(exc).__name__}: {_short(exc)}")
+
+
+def _short(exc: BaseException) -> str:
+    # aiohttp messages can embed the URL; the URL holds the job id, never the key.
+    return str(exc).splitlines()[0][:200] if str(exc) else ""

@@ -1,0 +1,422 @@
+"""The polling loop: claim due rows, read their status, record the outcome.
+
+It knows neither psycopg nor aiohttp: the database and Sume come in through the `Store` and
+`StatusReader` protocols, so the loop is the same against PostgreSQL, PgBouncer or a test double.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from vidpoll.errors import DatabaseUnavailable
+from vidpoll.models import ClaimedJob, ClaimMode, ErrorClass, HttpAnswer, Outcome, WorkerStats
+from vidpoll.policy import (
+    IN_PROGRESS_STATUSES,
+    AuthPause,
+    PollPolicy,
+    auth_pause_delay,
+    backoff_delay,
+    decide,
+)
+
+log = logging.getLogger(__name__)
+
+IDLE_MAX_S = 30.0
+"""An idle worker checks the table at least this often even if no NOTIFY arrives."""
+BUSY_RETRY_S = 0.25
+"""Floor of the sleep when rows are due but all locked by others: never a hot loop."""
+DB_BACKOFF_MAX_S = 30.0
+
+
+class LockedBatchLike(Protocol):
+    """Rows claimed in lock mode, recorded inside the same transaction."""
+
+    jobs: list[ClaimedJob]
+
+    async def record(self, outcomes: Sequence[Outcome]) -> set[str]:
+        """Write outcomes before the transaction commits."""
+
+
+class Store(Protocol):
+    """What the worker needs from the job table."""
+
+    async def claim(self, limit: int, lease_s: float, worker_id: str) -> list[ClaimedJob]:
+        """Lease-mode claim, committed at once."""
+
+    def lock_batch(self, limit: int,
+                   worker_id: str) -> AbstractAsyncContextManager[LockedBatchLike]:
+        """Lock-mode claim, locks held until the block ends."""
+
+    async def record(self, outcomes: Sequence[Outcome]) -> set[str]:
+        """Fenced writes of outcomes; returns the ids that landed."""
+
+    async def release(self, jobs: Sequence[ClaimedJob]) -> set[str]:
+        """Give rows back unread."""
+
+    async def next_due_in(self) -> float | None:
+        """Seconds until the next pending row is due."""
+
+    async def has_pending(self) -> bool:
+        """Whether any row is still pending."""
+
+    def notifications(self) -> AsyncIterator[None]:
+        """One item per NOTIFY on the jobs channel."""
+
+
+class StatusReader(Protocol):
+    """What the worker needs from Sume."""
+
+    async def read_status(self, job_id: str) -> HttpAnswer:
+        """Read one job's status; failures come back as answers, never raised."""
+
+
+def default_worker_id() -> str:
+    """host:pid:random, so claimed_by tells an operator which process holds a row."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How one worker process runs."""
+
+    concurrency: int = 50
+    claim_mode: ClaimMode = ClaimMode.LEASE
+    lease_s: float = 25.0
+    batch_size: int = 100
+    lock_lanes: int = 3
+    drain: bool = False
+    listen: bool = True
+    idle_max_s: float = IDLE_MAX_S
+    policy: PollPolicy = field(default_factory=PollPolicy)
+    worker_id: str = field(default_factory=default_worker_id)
+
+
+class Signals:
+    """Lets tests and the demo wait for what the worker did, instead of sleeping."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+
+    async def pulse(self) -> None:
+        """Wake everyone waiting; they re-check their condition."""
+        async with self._cond:
+            self._cond.notify_all()
+
+    async def wait_for(self, predicate: Callable[[], bool], within_s: float) -> None:
+        """Return once `predicate()` holds; raise TimeoutError after `within_s` seconds."""
+        async with asyncio.timeout(within_s), self._cond:
+            await self._cond.wait_for(predicate)
+
+
+class Worker:
+    """One process's poller: many concurrent reads, few database connections."""
+
+    def __init__(self, store: Store, reader: StatusReader, config: WorkerConfig,
+                 rng: random.Random | None = None,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.store = store
+        self.reader = reader
+        self.config = config
+        self.stats = WorkerStats()
+        self.signals = Signals()
+        self.idle = False
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._inflight = 0
+        self._outbox: list[Outcome] = []
+        self._outbox_ready = asyncio.Event()
+        self._release: list[ClaimedJob] = []
+        self._auth_failures = 0
+        self._paused_until = 0.0
+        self._lanes = asyncio.Semaphore(max(1, config.lock_lanes))
+        self._seen_words: set[str] = set()
+        self._db_down_since: float | None = None
+
+    # -- control --------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop claiming; in-flight reads finish and are recorded, then run() returns."""
+        if not self._stopping.is_set():
+            log.info("worker %s stopping: finishing %d in-flight reads",
+                     self.config.worker_id, self._inflight)
+        self._stopping.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        """True once stop() was called or --drain found nothing left."""
+        return self._stopping.is_set()
+
+    async def run(self) -> None:
+        """Poll until stop() (or, with drain, until no row is pending)."""
+        cfg = self.config
+        log.info("worker %s started: claim=%s concurrency=%d lease=%gs listen=%s",
+                 cfg.worker_id, cfg.claim_mode.value, cfg.concurrency, cfg.lease_s, cfg.listen)
+        helpers = [asyncio.create_task(self._writer(), name="vidpoll-writer")]
+        if cfg.listen:
+            helpers.append(asyncio.create_task(self._listener(), name="vidpoll-listener"))
+        try:
+            await self._main_loop()
+        finally:
+            self._stopping.set()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._outbox_ready.set()
+            await helpers[0]
+            for task in helpers[1:]:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await self.signals.pulse()
+            log.info("worker %s stopped: reads=%d finished=%d errors=%s fenced_out=%d",
+                     cfg.worker_id, self.stats.reads, self.stats.finished, self.stats.errors,
+                     self.stats.fenced_out)
+
+    # -- main loop --------------------------------------------------------------------------
+    async def _main_loop(self) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        db_failures = 0
+        while not self._stopping.is_set():
+            paused_for = self._paused_until - loop.time()
+            if paused_for > 0:
+                await self._sleep(paused_for)
+                continue
+            free = cfg.concurrency - self._inflight
+            if free <= 0:
+                await self._sleep(cfg.idle_max_s)
+                continue
+            limit = 1 if self._auth_failures else min(free, cfg.batch_size)
+            self._wake.clear()
+            claimed = 0
+            try:
+                claimed = await self._claim_and_dispatch(limit)
+                if claimed == limit and not self._auth_failures:
+                    continue  # more may be due: claim again as soon as there is room
+                delay = await self._idle_delay(claimed)
+                if delay is None:
+                    return  # --drain: nothing left
+                self._db_recovered()
+                db_failures = 0
+            except DatabaseUnavailable as exc:
+                db_failures += 1
+                self._db_unavailable(exc)
+                delay = backoff_delay(db_failures, cfg.policy, self._rng, DB_BACKOFF_MAX_S)
+            self.idle = claimed == 0
+            await self.signals.pulse()
+            await self._sleep(delay)
+
+    async def _idle_delay(self, claimed: int) -> float | None:
+        """How long to sleep after a claim that did not fill the batch; None ends a drain."""
+        cfg = self.config
+        if (cfg.drain and claimed == 0 and self._inflight == 0 and not self._outbox
+                and not await self.store.has_pending()):
+            log.info("drain: no pending row left")
+            self._stopping.set()
+            return None
+        if claimed:
+            return 0.0 if self._inflight < cfg.concurrency else cfg.idle_max_s
+        due_in = await self.store.next_due_in()
+        if due_in is None:
+            return cfg.idle_max_s
+        if due_in <= 0:
+            return BUSY_RETRY_S  # due rows exist but others hold them
+        return min(cfg.idle_max_s, due_in + 0.005)
+
+    async def _sleep(self, seconds: float) -> None:
+        if seconds <= 0 or self._stopping.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _claim_and_dispatch(self, limit: int) -> int:
+        cfg = self.config
+        if cfg.claim_mode is ClaimMode.LEASE:
+            jobs = await self.store.claim(limit, cfg.lease_s, cfg.worker_id)
+            self._count_claim(len(jobs))
+            for job in jobs:
+                self._inflight += 1
+                self._spawn(self._read_leased(job))
+            return len(jobs)
+        await self._lanes.acquire()
+        claimed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._spawn(self._locked_batch(limit, claimed))
+        return await claimed
+
+    def _count_claim(self, n: int) -> None:
+        self.stats.claims += 1
+        self.stats.claimed_rows += n
+
+    # -- reading ----------------------------------------------------------------------------
+    async def _read(self, job: ClaimedJob) -> Outcome | None:
+        """One status read and its decision; None means 'give the row back unread'."""
+        answer = await self.reader.read_status(job.job_id)
+        self.stats.reads += 1
+        decision = decide(job, answer, self._clock(), self.config.policy, self._rng)
+        if isinstance(decision, AuthPause):
+            self._auth_paused(decision)
+            return None
+        if self._auth_failures:
+            log.warning("Sume accepts the API key again; polling resumes")
+            self._auth_failures = 0
+            self._wake.set()
+        if decision.error_class is not None:
+            self.stats.count_error(decision.error_class)
+            log.debug("job %s read failed: %s (next try in %.1fs, request_id=%s)",
+                      job.job_id, decision.error, decision.delay_s, decision.request_id)
+        elif not decision.is_final:
+            self.stats.not_ready += 1
+            word = decision.provider_status
+            if word and word not in IN_PROGRESS_STATUSES and word not in self._seen_words:
+                self._seen_words.add(word)
+                log.warning("Sume sent an unknown non-terminal status %r; polling on", word)
+        return decision
+
+    def _auth_paused(self, pause: AuthPause) -> None:
+        loop = asyncio.get_running_loop()
+        if self._paused_until > loop.time():
+            return  # other reads of the same pause; logged once
+        self._auth_failures += 1
+        delay = auth_pause_delay(self._auth_failures, self.config.policy, self._rng)
+        self._paused_until = loop.time() + delay
+        self.stats.count_error(ErrorClass.AUTH)
+        log.error("Sume rejected the API key (HTTP %d: %s); all polling paused for %.0fs, "
+                  "rows untouched. Check SUME_API_KEY.", pause.http_status, pause.detail, delay)
+
+    async def _read_leased(self, job: ClaimedJob) -> None:
+        try:
+            outcome = await self._read(job)
+        except Exception:
+            log.exception("unexpected error reading job %s; its lease will expire", job.job_id)
+            outcome = None
+            self._release.append(job)
+        else:
+            if outcome is None:
+                self._release.append(job)
+            else:
+                self._outbox.append(outcome)
+        finally:
+            self._inflight -= 1
+        self._outbox_ready.set()
+
+    async def _locked_batch(self, limit: int, claimed: asyncio.Future[int]) -> None:
+        n = 0
+        try:
+            async with self.store.lock_batch(limit, self.config.worker_id) as batch:
+                n = len(batch.jobs)
+                self._inflight += n
+                self._count_claim(n)
+                claimed.set_result(n)
+                results = await asyncio.gather(*(self._read(j) for j in batch.jobs))
+                outcomes = [o for o in results if o is not None]
+                applied = await batch.record(outcomes)
+            self._account(outcomes, applied)
+        except DatabaseUnavailable as exc:
+            if not claimed.done():
+                claimed.set_exception(exc)
+            else:
+                self.stats.db_errors += 1
+                log.warning("lost the database during a locked batch; its %d rows stay due: %s",
+                            n, exc)
+        except BaseException as exc:
+            if not claimed.done():
+                claimed.set_exception(exc)
+            raise
+        finally:
+            self._inflight -= n
+            self._lanes.release()
+            self._wake.set()
+        await self.signals.pulse()
+
+    # -- recording --------------------------------------------------------------------------
+    def _account(self, outcomes: Sequence[Outcome], applied: set[str]) -> None:
+        for outcome in outcomes:
+            if outcome.job_id not in applied:
+                self.stats.fenced_out += 1
+                log.warning("job %s: result dropped, another worker owns the row now",
+                            outcome.job_id)
+            elif outcome.is_final:
+                self.stats.finished += 1
+                log.info("job %s finished: %s", outcome.job_id, outcome.state)
+
+    async def _writer(self) -> None:
+        """Writes queued outcomes in batches: one statement for everything read meanwhile."""
+        failures = 0
+        while True:
+            if not self._outbox and not self._release:
+                if self._stopping.is_set() and not self._tasks:
+                    return
+                self._outbox_ready.clear()
+                await self._outbox_ready.wait()
+                continue
+            batch, self._outbox = self._outbox, []
+            release, self._release = self._release, []
+            try:
+                applied = await self.store.record(batch) if batch else set()
+                if release:
+                    await self.store.release(release)
+            except DatabaseUnavailable as exc:
+                failures += 1
+                self._db_unavailable(exc)
+                self._outbox[:0] = batch
+                self._release[:0] = release
+                if self._stopping.is_set() and failures >= 3:
+                    log.error("stopping with %d unrecorded results; their rows come due again "
+                              "when their leases end", len(self._outbox))
+                    return
+                await asyncio.sleep(backoff_delay(failures, self.config.policy, self._rng,
+                                                  DB_BACKOFF_MAX_S))
+                continue
+            failures = 0
+            self._db_recovered()
+            self._account(batch, applied)
+            self._wake.set()
+            await self.signals.pulse()
+
+    # -- wake-ups -------------------------------------------------------------------------
+    async def _listener(self) -> None:
+        """Turns NOTIFYs into wake-ups; reconnects with backoff. Only a hint."""
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                async for _ in self.store.notifications():
+                    failures = 0
+                    self._wake.set()
+            except DatabaseUnavailable as exc:
+                failures += 1
+                log.debug("listener lost its connection (%s); retrying", exc)
+                await asyncio.sleep(backoff_delay(failures, self.config.policy, self._rng,
+                                                  DB_BACKOFF_MAX_S))
+
+    def _db_unavailable(self, exc: DatabaseUnavailable) -> None:
+        self.stats.db_errors += 1
+        loop_time = asyncio.get_running_loop().time()
+        if self._db_down_since is None:
+            self._db_down_since = loop_time
+            log.error("database unavailable, retrying with backoff (no row is lost; claimed "
+                      "rows come due again): %s", str(exc).splitlines()[0])
+
+    def _db_recovered(self) -> None:
+        if self._db_down_since is not None:
+            down = asyncio.get_running_loop().time() - self._db_down_since
+            self._db_down_since = None
+            log.warning("database reachable again after %.1fs", down)
+
