@@ -97,6 +97,7 @@ class WorkerStats:
     reads: int = 0
     not_ready: int = 0
     finished: int = 0
+    recorded: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     fenced_out: int = 0
     db_errors: int = 0

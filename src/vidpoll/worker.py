@@ -353,7 +353,9 @@ class Worker:
                 self.stats.fenced_out += 1
                 log.warning("job %s: result dropped, another worker owns the row now",
                             outcome.job_id)
-            elif outcome.is_final:
+                continue
+            self.stats.recorded += 1
+            if outcome.is_final:
                 self.stats.finished += 1
                 log.info("job %s finished: %s", outcome.job_id, outcome.state)
 

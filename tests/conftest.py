@@ -1,0 +1,144 @@
+"""Shared fixtures: a real PostgreSQL (DATABASE_URL or the embedded one) and a real fake Sume.
+
+A template database is migrated once per session; each test gets its own
+`CREATE DATABASE t_<uuid> TEMPLATE ...` and drops it afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from vidpoll.embedded import start_embedded
+from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
+from vidpoll.policy import PollPolicy
+from vidpoll.store import PgStore, migrate
+from vidpoll.sume import SumeClient
+from vidpoll.worker import Worker, WorkerConfig
+
+API_KEY = "sk-test-7f3a9c1e-secret"
+FAST_POLICY = PollPolicy(min_poll_s=0.05, backoff_base_s=0.1, backoff_max_s=0.5,
+                         default_poll_s=15.0)
+
+
+def url_for(base_url: str, dbname: str) -> str:
+    """The same server as `base_url`, another database."""
+    return psycopg.conninfo.make_conninfo(base_url, dbname=dbname)
+
+
+def admin_execute(url: str, statement: sql.Composable) -> None:
+    """Run one statement outside a transaction (CREATE/DROP DATABASE)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(statement)
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A server to create test databases on: DATABASE_URL, or the embedded PostgreSQL."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url
+    return start_embedded(tmp_path_factory.mktemp("vidpoll-home"), database="postgres")
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_admin_url: str) -> Iterator[str]:
+    """A database migrated once, cloned by every test."""
+    name = f"vidpoll_tpl_{os.getpid()}"
+    admin_execute(pg_admin_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+        sql.Identifier(name)))
+    admin_execute(pg_admin_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    asyncio.run(migrate(url_for(pg_admin_url, name)))
+    yield name
+    admin_execute(pg_admin_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+        sql.Identifier(name)))
+
+
+@pytest.fixture
+def empty_db(pg_admin_url: str) -> Iterator[str]:
+    """A new, empty database (no vidpoll schema); yields its URL."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    admin_execute(pg_admin_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield url_for(pg_admin_url, name)
+    admin_execute(pg_admin_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+        sql.Identifier(name)))
+
+
+@pytest.fixture
+def db_url(pg_admin_url: str, template_db: str) -> Iterator[str]:
+    """A migrated database of this test's own; yields its URL."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    admin_execute(pg_admin_url, sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+        sql.Identifier(name), sql.Identifier(template_db)))
+    yield url_for(pg_admin_url, name)
+    admin_execute(pg_admin_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+        sql.Identifier(name)))
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[PgStore]:
+    """A PgStore on this test's database."""
+    s = await PgStore.open(db_url, max_size=6)
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+def fake() -> FakeSume:
+    """A fake Sume with instant jobs and no faults (tests script what they need)."""
+    return FakeSume(FakeConfig(api_key=API_KEY, queued_s=0, render_s=0, render_jitter=0,
+                               seed=1))
+
+
+@pytest.fixture
+async def fake_url(fake: FakeSume) -> AsyncIterator[str]:
+    """The fake served on a loopback port."""
+    runner, url = await start_fake(fake)
+    yield url
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def client(fake_url: str) -> AsyncIterator[SumeClient]:
+    """The real Sume client pointed at the fake, with a short timeout."""
+    async with SumeClient(fake_url, API_KEY, timeout_s=1.0) as c:
+        yield c
+
+
+@pytest.fixture
+def make_worker(store: PgStore, client: SumeClient) -> Callable[..., Worker]:
+    """Build a worker on this test's store and client; keyword args go to WorkerConfig."""
+
+    def build(**kwargs: Any) -> Worker:
+        kwargs.setdefault("policy", FAST_POLICY)
+        kwargs.setdefault("lease_s", 5.0)
+        kwargs.setdefault("concurrency", 20)
+        return Worker(store, client, WorkerConfig(**kwargs))
+
+    return build
+
+
+async def run_until(worker: Worker, predicate: Callable[[], bool], within_s: float = 10.0
+                    ) -> None:
+    """Run `worker` until `predicate()` holds (checked on its signals), then stop it."""
+    task = asyncio.create_task(worker.run())
+    try:
+        await worker.signals.wait_for(lambda: predicate() or task.done(), within_s)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert predicate(), "worker stopped before the condition held"
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    """The checkout's root, for tests that run the CLI."""
+    return Path(__file__).resolve().parent.parent
