@@ -172,6 +172,9 @@ class PgStore:
 
     async def schema_version(self) -> int | None:
         """The highest applied migration, or None if vidpoll never migrated this database."""
+        present = await self._one("schema_table_exists", {})
+        if not (present and present["present"]):
+            return None
         row = await self._one("schema_version", {})
         return None if row is None else cast(int | None, row["version"])
 

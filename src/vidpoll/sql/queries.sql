@@ -11,7 +11,7 @@
 WITH due AS (
   -- the seed's predicate and order, served by the partial index on next_poll_at;
   -- SKIP LOCKED makes concurrent workers pass over each other's rows instead of waiting
-  SELECT job_id, next_poll_at
+  SELECT ctid, next_poll_at
   FROM video_jobs
   WHERE state = 'pending'
     AND next_poll_at <= coalesce(%(now)s::timestamptz, now())
@@ -28,7 +28,9 @@ SET next_poll_at = CASE
     claimed_by = %(worker_id)s,
     claimed_at = coalesce(%(now)s::timestamptz, now())
 FROM due
-WHERE j.job_id = due.job_id
+-- join on the physical row id the CTE locked: a TID lookup per row, never a scan of the table
+-- (a join on job_id lets the planner pick a hash join over the whole table when it is small)
+WHERE j.ctid = due.ctid
 RETURNING j.job_id, j.claim_token, due.next_poll_at AS due_at, j.polling_since, j.polls,
           j.consecutive_errors, j.not_found_count;
 
@@ -145,10 +147,13 @@ SELECT version FROM vidpoll_schema_migrations ORDER BY version;
 -- Marks one migration file applied, in the same transaction as its DDL.
 INSERT INTO vidpoll_schema_migrations (version, name) VALUES (%(version)s, %(name)s);
 
+-- name: schema_table_exists
+-- False on a database vidpoll never migrated (checked before reading the version table).
+SELECT to_regclass('vidpoll_schema_migrations') IS NOT NULL AS present;
+
 -- name: schema_version
--- The highest applied version, or NULL on a database vidpoll never migrated.
-SELECT CASE WHEN to_regclass('vidpoll_schema_migrations') IS NULL THEN NULL
-            ELSE (SELECT max(version) FROM vidpoll_schema_migrations) END AS version;
+-- The highest applied migration.
+SELECT max(version) AS version FROM vidpoll_schema_migrations;
 
 -- name: database_exists
 -- Used before CREATE DATABASE (the embedded server, the demo, the test template).
