@@ -302,6 +302,8 @@ async def migrate(url: str, timeout_s: float = 10.0) -> list[str]:
             if done and max(done) > len(shipped):
                 raise SchemaError(f"schema version {max(done)} is newer than this vidpoll "
                                   f"({len(shipped)}); upgrade vidpoll")
+            if len(done) < len(shipped):
+                await conn.execute(_q("lock_jobs_table"))
             for version, name, sql in shipped:
                 if version in done:
                     continue

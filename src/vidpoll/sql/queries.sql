@@ -131,6 +131,19 @@ WHERE state = 'pending' AND next_poll_at <= coalesce(%(now)s::timestamptz, now()
 -- Serialises concurrent `vidpoll migrate` runs; released when the transaction ends.
 SELECT pg_advisory_xact_lock(7306198364525511);
 
+-- name: lock_jobs_table
+-- Taken before any DDL when a migration is pending. Taking the strongest lock first, instead
+-- of letting each DDL statement upgrade a weaker one (CREATE INDEX IF NOT EXISTS takes SHARE),
+-- avoids a deadlock with a seed-style loop that holds FOR UPDATE row locks and then UPDATEs:
+-- that loop's UPDATE may jump the queue ahead of us, commit, and we proceed.
+DO $$
+BEGIN
+  IF to_regclass('video_jobs') IS NOT NULL THEN
+    LOCK TABLE video_jobs IN ACCESS EXCLUSIVE MODE;
+  END IF;
+END
+$$;
+
 -- name: create_migrations_table
 -- The schema-version table: one row per applied migration file.
 CREATE TABLE IF NOT EXISTS vidpoll_schema_migrations (
