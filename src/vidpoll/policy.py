@@ -94,7 +94,10 @@ def next_poll_delay(raw: Any, policy: PollPolicy) -> float:
     if isinstance(raw, bool):
         value = None
     elif isinstance(raw, int | float):
-        value = float(raw)
+        try:
+            value = float(raw)
+        except OverflowError:  # a JSON integer too big for a float: "a very long time"
+            value = policy.max_poll_s if raw > 0 else None
     elif isinstance(raw, str):
         try:
             value = float(raw.strip())

@@ -204,13 +204,13 @@ class Worker:
             claimed = 0
             try:
                 claimed = await self._claim_and_dispatch(limit)
+                self._db_recovered()
+                db_failures = 0
                 if claimed == limit and not self._auth_failures:
                     continue  # more may be due: claim again as soon as there is room
                 delay = await self._idle_delay(claimed)
                 if delay is None:
                     return  # --drain: nothing left
-                self._db_recovered()
-                db_failures = 0
             except DatabaseUnavailable as exc:
                 db_failures += 1
                 self._db_unavailable(exc)

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 
-from vidpoll.fake_sume import FakeSume
 from vidpoll.models import ClaimMode, Outcome
 from vidpoll.store import PgStore
 from vidpoll.sume import SumeClient

@@ -124,7 +124,7 @@ async def test_failed_reads_back_off_and_stay_pending(store, fake, fake_url, mak
     assert row["state"] == "pending"
     assert row["last_error_class"] == error_class
     assert row["consecutive_errors"] == 1 and row["errors_total"] == 1 and row["polls"] == 0
-    # first failure: backoff base 10 s with equal jitter → 5–10 s later, never "now"
+    # first failure: backoff base 10 s with equal jitter → 5-10 s later, never "now"
     delay = (row["next_poll_at"] - row["last_polled_at"]).total_seconds()
     assert 5.0 <= delay <= 10.0
 

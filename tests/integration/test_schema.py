@@ -152,8 +152,9 @@ async def test_seed_loop_keeps_working_through_migrate_and_beside_vidpoll(
     seed = SeedLoop(empty_db, fake_url)
     seed.start()
     try:
-        while seed.reads < 5:
-            await asyncio.sleep(0.02)
+        async with asyncio.timeout(20):
+            while seed.reads < 5:  # noqa: ASYNC110 - a counter of another thread's loop
+                await asyncio.sleep(0.02)
         await migrate(empty_db)  # in place, while the seed's loop holds row locks
         reads_at_migrate = seed.reads
         store = await PgStore.open(empty_db)

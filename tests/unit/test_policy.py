@@ -430,11 +430,8 @@ def test_request_id_from_the_body_is_bounded() -> None:
     assert out.request_id == "r" * 200
 
 
-# --- known bug, kept visible -----------------------------------------------------------------
+# --- a JSON integer too large for a float (found by review) ---------------------------------
 
-@pytest.mark.xfail(raises=OverflowError, strict=True,
-                   reason="BUG: next_poll_delay calls float() on a huge JSON int; "
-                          "decide() raises OverflowError instead of using the default")
 def test_huge_integer_poll_hint_does_not_raise() -> None:
     body = b'{"terminal": false, "next_poll_after_seconds": ' + b"9" * 400 + b"}"
     out = outcome(HttpAnswer(200, body))
