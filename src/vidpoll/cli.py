@@ -60,9 +60,10 @@ def main(log_level: str) -> None:
     """
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # aiohttp's access log and psycopg's pool chatter are noise at INFO.
+    # aiohttp's access log is noise; the pool's reconnect warnings repeat what the worker's
+    # own "database unavailable ... reachable again" lines say once.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    logging.getLogger("psycopg.pool").setLevel(logging.WARNING)
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 
 @main.command("migrate")

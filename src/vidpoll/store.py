@@ -132,6 +132,9 @@ class PgStore:
     async def open(cls, url: str, *, max_size: int = 4, timeout_s: float = 10.0,
                    check_schema: bool = True) -> PgStore:
         """Connect (failing with DatabaseUnavailable if PostgreSQL is down) and check the schema."""
+        # One plain connection first: a dead server fails here at once with its real reason,
+        # instead of after the pool's retries.
+        await _probe(url, timeout_s)
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             url, min_size=1, max_size=max_size, open=False, timeout=timeout_s,
             kwargs={"autocommit": True}, check=AsyncConnectionPool.check_connection,
@@ -276,6 +279,21 @@ class PgStore:
                 await conn.close()
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+async def _probe(url: str, timeout_s: float) -> None:
+    try:
+        conn = await psycopg.AsyncConnection.connect(url, connect_timeout=max(1, int(timeout_s)))
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to PostgreSQL at {redact_url(url)}: {_first_line(exc)}; "
+            "is it running, and is DATABASE_URL right?") from exc
+    await conn.close()
+
+
 async def migrate(url: str, timeout_s: float = 10.0) -> list[str]:
     """Apply every migration not applied yet, in one transaction under an advisory lock.
 
@@ -283,11 +301,10 @@ async def migrate(url: str, timeout_s: float = 10.0) -> list[str]:
     nothing to do. Returns the names of the files it applied.
     """
     try:
-        conn = await psycopg.AsyncConnection.connect(url, connect_timeout=int(timeout_s))
+        conn = await psycopg.AsyncConnection.connect(url, connect_timeout=max(1, int(timeout_s)))
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {redact_url(url)}: "
-            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}") from exc
+            f"cannot connect to PostgreSQL at {redact_url(url)}: {_first_line(exc)}") from exc
     applied: list[str] = []
     try:
         async with conn.transaction():

@@ -1,0 +1,102 @@
+"""The CLI as a new user runs it: no DATABASE_URL (embedded PostgreSQL), the bundled fake Sume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+KEY = "sk-e2e-secret-value-0042"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def new_user_env() -> Iterator[dict[str, str]]:
+    """The environment of a user who set nothing but a key: DATABASE_URL unset."""
+    # not pytest's tmp_path: the embedded server's own user must traverse the folder
+    home = Path(tempfile.mkdtemp(prefix="vidpoll-e2e-"))
+    env = {k: v for k, v in os.environ.items()
+           if k != "DATABASE_URL" and not k.startswith(("SUME_", "VIDPOLL_"))}
+    env.update(VIDPOLL_HOME=str(home), SUME_API_KEY=KEY)
+    yield env
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def vidpoll(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vidpoll.cli", *args], env=env, text=True,
+                          capture_output=True, timeout=timeout, check=False)
+
+
+def test_embedded_path_end_to_end(new_user_env):
+    env = new_user_env
+    port = free_port()
+    fake = subprocess.Popen([sys.executable, "-m", "vidpoll.cli", "fake-sume", "--port",
+                             str(port), "--api-key", KEY, "--render-seconds", "0.5",
+                             "--next-poll-after", "0.2", "--uppercase", "--auto-create"],
+                            env=env, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/_fake/stats", timeout=1).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        env["SUME_BASE_URL"] = base
+        first = vidpoll(env, "migrate")
+        assert first.returncode == 0, first.stderr
+        assert "0001_seed_table.sql" in first.stdout
+        assert (Path(env["VIDPOLL_HOME"]) / "pgdata" / "PG_VERSION").exists()
+        again = vidpoll(env, "migrate")
+        assert again.returncode == 0 and "up to date" in again.stdout
+        added = vidpoll(env, "jobs", "add", "--delay", "0", "e2e-1", "e2e/2", "e2e?3")
+        assert added.returncode == 0 and "added 3" in added.stdout, added.stderr
+        run = vidpoll(env, "worker", "--drain", "--concurrency", "5")
+        assert run.returncode == 0, run.stderr
+        stats = vidpoll(env, "jobs", "stats", "--json")
+        assert json.loads(stats.stdout)["states"] == {"completed": 3}
+        shown = json.loads(vidpoll(env, "jobs", "show", "e2e/2").stdout)
+        assert shown["state"] == "completed" and shown["provider_status"] == "completed"
+        assert KEY not in run.stderr + stats.stderr + first.stderr
+        missing = vidpoll(env, "jobs", "show", "nope")
+        assert missing.returncode == 1 and "no job 'nope'" in missing.stderr
+    finally:
+        fake.terminate()
+        fake.wait(10)
+
+
+def test_demo_runs_to_completion(new_user_env):
+    result = vidpoll(new_user_env, "--log-level", "warning", "demo", "--jobs", "12",
+                     timeout=150)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "summary" in result.stdout
+    assert "'pending'" not in result.stdout.split("summary")[-1]
+    assert "overlapping reads of one job seen by the fake: 0" in " ".join(result.stdout.split())
+
+
+def test_dead_database_url_is_a_clear_error(new_user_env):
+    env = dict(new_user_env, DATABASE_URL="postgresql://postgres@127.0.0.1:1/x?connect_timeout=2")
+    for args in (["migrate"], ["jobs", "stats"], ["jobs", "add", "x"]):
+        result = vidpoll(env, *args)
+        assert result.returncode == 3, (args, result.stderr)
+        assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
