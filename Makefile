@@ -20,7 +20,7 @@ demo: install
 	$(BIN)/vidpoll --log-level warning demo
 
 lint: install
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

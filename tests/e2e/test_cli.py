@@ -39,7 +39,8 @@ def new_user_env() -> Iterator[dict[str, str]]:
     shutil.rmtree(home, ignore_errors=True)
 
 
-def vidpoll(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def vidpoll(env: dict[str, str], *args: str,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "vidpoll.cli", *args], env=env, text=True,
                           capture_output=True, timeout=timeout, check=False)
 
