@@ -127,12 +127,26 @@ def _error_text(answer: HttpAnswer, what: str) -> str:
     return ": ".join(parts)[:MAX_ERROR_TEXT]
 
 
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _json_object(body: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object that PostgreSQL can store, else None.
+
+    Python's json accepts NaN/Infinity, "\\u0000" and lone surrogates; jsonb and text refuse
+    them, so such a body counts as malformed instead of failing the batch write.
+    """
     try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        value = json.loads(body, parse_constant=_reject_constant)
+        if not isinstance(value, dict):
+            return None
+        if "\\u0000" in json.dumps(value):
+            return None
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (ValueError, UnicodeError, RecursionError):
         return None
-    return value if isinstance(value, dict) else None
+    return value
 
 
 def request_id_of(answer: HttpAnswer) -> str | None:
@@ -163,7 +177,11 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
         return error(answer.transport_error, answer.transport_error.value)
     assert status is not None
     if status in (401, 403):
-        return AuthPause(0.0, status, _error_text(answer, f"HTTP {status}"))
+        # only the error code: a provider's message may echo part of the rejected key
+        envelope = _json_object(answer.body) or {}
+        err = envelope.get("error")
+        code = err.get("code") if isinstance(err, dict) else None
+        return AuthPause(0.0, status, f"HTTP {status}" + (f": {code}" if code else ""))
     if status == 404:
         tries = job.not_found_count + 1
         gone = tries >= policy.not_found_max_tries or (

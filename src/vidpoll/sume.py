@@ -90,7 +90,10 @@ class SumeClient:
     async def _call(self, method: str, url: URL, **kwargs: Any) -> HttpAnswer:
         assert self._session is not None, "use `async with SumeClient(...)`"
         try:
-            async with self._session.request(method, url, **kwargs) as resp:
+            # no redirects: a redirect target may carry a signed query string, and an error
+            # about it would put that URL into logs and last_error
+            async with self._session.request(method, url, allow_redirects=False,
+                                             **kwargs) as resp:
                 body = await resp.content.read(MAX_BODY_BYTES + 1)
                 if len(body) > MAX_BODY_BYTES:
                     return HttpAnswer(resp.status, b"", transport_error=ErrorClass.MALFORMED,

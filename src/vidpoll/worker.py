@@ -20,7 +20,15 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from vidpoll.errors import DatabaseUnavailable
-from vidpoll.models import ClaimedJob, ClaimMode, ErrorClass, HttpAnswer, Outcome, WorkerStats
+from vidpoll.models import (
+    PENDING,
+    ClaimedJob,
+    ClaimMode,
+    ErrorClass,
+    HttpAnswer,
+    Outcome,
+    WorkerStats,
+)
 from vidpoll.policy import (
     IN_PROGRESS_STATUSES,
     AuthPause,
@@ -145,6 +153,7 @@ class Worker:
         self._lanes = asyncio.Semaphore(max(1, config.lock_lanes))
         self._seen_words: set[str] = set()
         self._db_down_since: float | None = None
+        self._writer_may_exit = False
 
     # -- control --------------------------------------------------------------------------
     def stop(self) -> None:
@@ -174,6 +183,8 @@ class Worker:
             self._stopping.set()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+            # only now can no new result appear: every read task has ended
+            self._writer_may_exit = True
             self._outbox_ready.set()
             await helpers[0]
             for task in helpers[1:]:
@@ -191,6 +202,9 @@ class Worker:
         loop = asyncio.get_running_loop()
         db_failures = 0
         while not self._stopping.is_set():
+            # cleared before every decision to sleep, so a wake-up that was already handled
+            # cannot turn each later sleep into a spin
+            self._wake.clear()
             paused_for = self._paused_until - loop.time()
             if paused_for > 0:
                 await self._sleep(paused_for)
@@ -200,7 +214,6 @@ class Worker:
                 await self._sleep(cfg.idle_max_s)
                 continue
             limit = 1 if self._auth_failures else min(free, cfg.batch_size)
-            self._wake.clear()
             claimed = 0
             try:
                 claimed = await self._claim_and_dispatch(limit)
@@ -252,11 +265,17 @@ class Worker:
         if cfg.claim_mode is ClaimMode.LEASE:
             jobs = await self.store.claim(limit, cfg.lease_s, cfg.worker_id)
             self._count_claim(len(jobs))
+            if self._stopping.is_set():  # stop() arrived during the claim: give them back
+                await self.store.release(jobs)
+                return len(jobs)
             for job in jobs:
                 self._inflight += 1
                 self._spawn(self._read_leased(job))
             return len(jobs)
         await self._lanes.acquire()
+        if self._stopping.is_set():
+            self._lanes.release()
+            return 0
         claimed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._spawn(self._locked_batch(limit, claimed))
         return await claimed
@@ -268,9 +287,24 @@ class Worker:
     # -- reading ----------------------------------------------------------------------------
     async def _read(self, job: ClaimedJob) -> Outcome | None:
         """One status read and its decision; None means 'give the row back unread'."""
-        answer = await self.reader.read_status(job.job_id)
+        try:
+            answer = await self.reader.read_status(job.job_id)
+        except Exception as exc:  # the reader promises answers, not exceptions; be safe
+            log.exception("job %s: status read raised", job.job_id)
+            answer = HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
+                                detail=type(exc).__name__)
         self.stats.reads += 1
-        decision = decide(job, answer, self._clock(), self.config.policy, self._rng)
+        try:
+            decision = decide(job, answer, self._clock(), self.config.policy, self._rng)
+        except Exception as exc:
+            # never release such a row (it would be due at once: a hot loop); back off instead
+            log.exception("job %s: could not interpret the answer", job.job_id)
+            decision = Outcome(job.job_id, job.claim_token, PENDING,
+                               backoff_delay(job.consecutive_errors + 1, self.config.policy,
+                                             self._rng),
+                               read_ok=False, http_status=answer.status,
+                               error_class=ErrorClass.MALFORMED,
+                               error=f"could not interpret the answer: {type(exc).__name__}")
         if isinstance(decision, AuthPause):
             self._auth_paused(decision)
             return None
@@ -306,8 +340,6 @@ class Worker:
             outcome = await self._read(job)
         except Exception:
             log.exception("unexpected error reading job %s; its lease will expire", job.job_id)
-            outcome = None
-            self._release.append(job)
         else:
             if outcome is None:
                 self._release.append(job)
@@ -364,7 +396,7 @@ class Worker:
         failures = 0
         while True:
             if not self._outbox and not self._release:
-                if self._stopping.is_set() and not self._tasks:
+                if self._writer_may_exit:
                     return
                 self._outbox_ready.clear()
                 await self._outbox_ready.wait()
@@ -380,12 +412,18 @@ class Worker:
                 self._db_unavailable(exc)
                 self._outbox[:0] = batch
                 self._release[:0] = release
-                if self._stopping.is_set() and failures >= 3:
+                if self._writer_may_exit:
                     log.error("stopping with %d unrecorded results; their rows come due again "
                               "when their leases end", len(self._outbox))
                     return
                 await asyncio.sleep(backoff_delay(failures, self.config.policy, self._rng,
                                                   DB_BACKOFF_MAX_S))
+                continue
+            except Exception:
+                # not an outage (policy keeps bodies storable, so this is a bug): drop the
+                # batch rather than the writer; the rows come due again when leases end
+                log.exception("could not record %d results; their rows will be re-read",
+                              len(batch))
                 continue
             failures = 0
             self._db_recovered()
@@ -402,7 +440,7 @@ class Worker:
                 async for _ in self.store.notifications():
                     failures = 0
                     self._wake.set()
-            except DatabaseUnavailable as exc:
+            except Exception as exc:  # only a hint: never let it take the worker down
                 failures += 1
                 log.debug("listener lost its connection (%s); retrying", exc)
                 await asyncio.sleep(backoff_delay(failures, self.config.policy, self._rng,

@@ -113,6 +113,11 @@ async def test_retry_after_http_date_is_honoured(store, fake, fake_url, make_wor
     ({"raw": "<html><body>hello</body></html>", "content_type": "text/html"}, "malformed"),
     ({"raw": "{\"terminal\": tru", "content_type": "application/json"}, "malformed"),
     ({"body": {"sume_status": "running"}}, "malformed"),
+    # valid for Python's json, refused by jsonb: must not break the batch write
+    ({"raw": '{"terminal": false, "x": "\\u0000"}', "content_type": "application/json"},
+     "malformed"),
+    ({"raw": '{"terminal": false, "next_poll_after_seconds": NaN}',
+      "content_type": "application/json"}, "malformed"),
     ({"body": ["not", "an", "object"]}, "malformed"),
     ({"hang": 3}, "timeout"),
     ({"http": 400, "code": "bad_request"}, "client_error"),
