@@ -112,9 +112,8 @@ def _age_s(job: ClaimedJob, now: datetime) -> float:
     return (now - job.polling_since).total_seconds()
 
 
-def _error_text(answer: HttpAnswer, what: str) -> str:
+def _error_text(envelope: dict[str, Any] | None, answer: HttpAnswer, what: str) -> str:
     parts = [what]
-    envelope = _json_object(answer.body)
     if envelope is not None and isinstance(envelope.get("error"), dict):
         err = envelope["error"]
         code, message = err.get("code"), err.get("message")
@@ -141,17 +140,17 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
         value = json.loads(body, parse_constant=_reject_constant)
         if not isinstance(value, dict):
             return None
-        if "\\u0000" in json.dumps(value):
+        text = json.dumps(value, ensure_ascii=False)
+        text.encode("utf-8")  # raises UnicodeEncodeError on a lone surrogate
+        if "\\u0000" in text:  # json escapes NUL like this even with ensure_ascii=False
             return None
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
     except (ValueError, UnicodeError, RecursionError):
         return None
     return value
 
 
-def request_id_of(answer: HttpAnswer) -> str | None:
+def _request_id(body: dict[str, Any] | None, answer: HttpAnswer) -> str | None:
     """The provider's request id, from the body's envelope or the response header."""
-    body = _json_object(answer.body)
     if body is not None and isinstance(body.get("request_id"), str):
         return str(body["request_id"])[:200]
     return answer.request_id
@@ -161,7 +160,9 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
            rng: random.Random) -> Outcome | AuthPause:
     """Classify one status read and say what the row becomes."""
     status = answer.status
-    request_id = request_id_of(answer)
+    # parsed once: the hot path of every read
+    body = _json_object(answer.body)
+    request_id = _request_id(body, answer)
 
     def error(cls: ErrorClass, what: str, delay_s: float | None = None,
               state: str = PENDING) -> Outcome:
@@ -170,16 +171,15 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
         if state == PENDING and _age_s(job, now) >= policy.max_age_s:
             state = GAVE_UP
         return Outcome(job.job_id, job.claim_token, state, delay_s, read_ok=False,
-                       http_status=status, error_class=cls, error=_error_text(answer, what),
-                       body=_json_object(answer.body), request_id=request_id)
+                       http_status=status, error_class=cls,
+                       error=_error_text(body, answer, what), body=body, request_id=request_id)
 
     if answer.transport_error is not None:
         return error(answer.transport_error, answer.transport_error.value)
     assert status is not None
     if status in (401, 403):
         # only the error code: a provider's message may echo part of the rejected key
-        envelope = _json_object(answer.body) or {}
-        err = envelope.get("error")
+        err = (body or {}).get("error")
         code = err.get("code") if isinstance(err, dict) else None
         return AuthPause(0.0, status, f"HTTP {status}" + (f": {code}" if code else ""))
     if status == 404:
@@ -200,7 +200,6 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
     if not 200 <= status < 300:
         return error(ErrorClass.CLIENT_ERROR, f"HTTP {status}")
 
-    body = _json_object(answer.body)
     if body is None:
         return error(ErrorClass.MALFORMED, f"HTTP {status} body is not a JSON object")
     terminal = body.get("terminal")
