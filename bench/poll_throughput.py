@@ -18,6 +18,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -52,7 +53,8 @@ def main() -> None:
     args = p.parse_args()
 
     admin = os.environ.get("DATABASE_URL") or start_embedded(
-        Path(os.environ.get("VIDPOLL_HOME", "/tmp/vidpoll-bench")), database="postgres")
+        Path(os.environ.get("VIDPOLL_HOME")
+             or Path(tempfile.gettempdir()) / "vidpoll-bench"), database="postgres")
     name = f"bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

@@ -7,7 +7,7 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import fields
 from datetime import datetime
 from typing import Any, TypeVar
@@ -48,6 +48,20 @@ def _settings() -> Settings:
 async def _open_store(settings: Settings, max_size: int = 4) -> PgStore:
     url = resolve_database_url(settings.database_url, settings.home)
     return await PgStore.open(url, max_size=max_size)
+
+
+def _on_store(use: Callable[[PgStore], Awaitable[T]]) -> T:
+    """Open the store the environment names, run `use` on it, close it (errors → exit codes)."""
+    settings = _settings()
+
+    async def go() -> T:
+        store = await _open_store(settings)
+        try:
+            return await use(store)
+        finally:
+            await store.close()
+
+    return _run(go())
 
 
 @click.group()
@@ -192,34 +206,19 @@ def jobs() -> None:
               help="Seconds until the first read.")
 def jobs_add(job_ids: tuple[str, ...], delay: float) -> None:
     """Track job ids Sume already returned (never POSTs anything)."""
-    settings = _settings()
 
-    async def go() -> tuple[int, int]:
-        store = await _open_store(settings)
-        try:
-            added = sum([await store.add_job(j, delay) for j in job_ids])
-        finally:
-            await store.close()
-        return added, len(job_ids) - added
+    async def add_all(store: PgStore) -> int:
+        return sum([await store.add_job(j, delay) for j in job_ids])
 
-    added, existing = _run(go())
-    click.echo(f"added {added}, already tracked {existing}")
+    added = _on_store(add_all)
+    click.echo(f"added {added}, already tracked {len(job_ids) - added}")
 
 
 @jobs.command("resume")
 @click.argument("job_id")
 def jobs_resume(job_id: str) -> None:
     """Put a gave_up or not_found job back to polling now."""
-    settings = _settings()
-
-    async def go() -> bool:
-        store = await _open_store(settings)
-        try:
-            return await store.resume(job_id)
-        finally:
-            await store.close()
-
-    if not _run(go()):
+    if not _on_store(lambda store: store.resume(job_id)):
         click.echo(f"error: no job {job_id!r} in a resumable state "
                    "(pending, gave_up, not_found)", err=True)
         sys.exit(1)
@@ -230,16 +229,7 @@ def jobs_resume(job_id: str) -> None:
 @click.argument("job_id")
 def jobs_show(job_id: str) -> None:
     """Print one job's row as JSON."""
-    settings = _settings()
-
-    async def go() -> dict[str, Any] | None:
-        store = await _open_store(settings)
-        try:
-            return await store.get_job(job_id)
-        finally:
-            await store.close()
-
-    row = _run(go())
+    row = _on_store(lambda store: store.get_job(job_id))
     if row is None:
         click.echo(f"error: no job {job_id!r}", err=True)
         sys.exit(1)
@@ -250,17 +240,12 @@ def jobs_show(job_id: str) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def jobs_stats(as_json: bool) -> None:
     """Counts by state and the due backlog."""
-    settings = _settings()
 
-    async def go() -> dict[str, Any]:
-        store = await _open_store(settings)
-        try:
-            due, late = await store.backlog()
-            return {"states": await store.counts(), "due_now": due, "oldest_late_s": late}
-        finally:
-            await store.close()
+    async def collect(store: PgStore) -> dict[str, Any]:
+        due, late = await store.backlog()
+        return {"states": await store.counts(), "due_now": due, "oldest_late_s": late}
 
-    stats = _run(go())
+    stats = _on_store(collect)
     if as_json:
         click.echo(json.dumps(stats))
         return

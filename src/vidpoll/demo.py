@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from typing import Any
@@ -109,7 +110,7 @@ async def _submit(client: SumeClient, store: PgStore, n_jobs: int, console: Cons
             if answer.status == 202:
                 break
             await asyncio.sleep(0.2)  # same key on retry: never a second render
-        body: dict[str, Any] = __import__("json").loads(answer.body)
+        body: dict[str, Any] = json.loads(answer.body)
         await store.add_job(body["job_id"], delay_s=1.0)
     console.print(f"submitted {n_jobs} renders (each POST carried its own Idempotency-Key)")
 

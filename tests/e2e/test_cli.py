@@ -81,6 +81,12 @@ def test_embedded_path_end_to_end(new_user_env):
         assert KEY not in run.stderr + stats.stderr + first.stderr
         missing = vidpoll(env, "jobs", "show", "nope")
         assert missing.returncode == 1 and "no job 'nope'" in missing.stderr
+        finished = vidpoll(env, "jobs", "resume", "e2e-1")  # Sume's final states stay final
+        assert finished.returncode == 1 and "resumable" in finished.stderr
+        empty = vidpoll(env, "jobs", "add", "")
+        assert empty.returncode == 1 and "non-empty" in empty.stderr
+        assert json.loads(vidpoll(env, "jobs", "stats", "--json").stdout)["states"] == {
+            "completed": 3}
     finally:
         fake.terminate()
         fake.wait(10)

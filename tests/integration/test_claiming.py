@@ -30,7 +30,6 @@ async def test_concurrent_workers_never_double_read(db_url, fake, fake_url, mode
                 {"sume_status": "running", "terminal": False, "next_poll_after_seconds": 0},
                 {"sume_status": "processing", "terminal": False, "next_poll_after_seconds": 0},
                 {"sume_status": "completed", "terminal": True}])
-        await stores[0]._one("get_job", {"job_id": ""})  # warm
         async with stores[0]._pool.connection() as conn:
             await conn.execute(
                 "INSERT INTO video_jobs (job_id, next_poll_at) "
