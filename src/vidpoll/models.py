@@ -92,6 +92,7 @@ class Outcome:
 class WorkerStats:
     """Counters a worker keeps about itself, for the demo view and tests."""
 
+    loop_turns: int = 0
     claims: int = 0
     claimed_rows: int = 0
     reads: int = 0

@@ -265,14 +265,17 @@ class PgStore:
         return int(row["due"]), float(row["oldest_late_s"] or 0.0)
 
     async def notifications(self) -> AsyncIterator[None]:
-        """Yield once per NOTIFY on the jobs channel, on a connection of its own.
+        """Yield once when LISTEN is in place, then once per NOTIFY on the jobs channel.
 
-        Raises DatabaseUnavailable when the connection drops; the caller reconnects.
+        The first item tells the caller it is listening (and that anything notified while it
+        was not may have been missed). Runs on a connection of its own; raises
+        DatabaseUnavailable when that connection drops, and the caller reconnects.
         """
         async with _translate_errors():
             conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
             try:
                 await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                yield None
                 async for _ in conn.notifies():
                     yield None
             finally:

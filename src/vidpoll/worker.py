@@ -139,6 +139,7 @@ class Worker:
         self.stats = WorkerStats()
         self.signals = Signals()
         self.idle = False
+        self.listening = False
         self._rng = rng or random.Random()
         self._clock = clock
         self._stopping = asyncio.Event()
@@ -205,6 +206,7 @@ class Worker:
             # cleared before every decision to sleep, so a wake-up that was already handled
             # cannot turn each later sleep into a spin
             self._wake.clear()
+            self.stats.loop_turns += 1
             paused_for = self._paused_until - loop.time()
             if paused_for > 0:
                 await self._sleep(paused_for)
@@ -439,8 +441,12 @@ class Worker:
             try:
                 async for _ in self.store.notifications():
                     failures = 0
-                    self._wake.set()
+                    self._wake.set()  # the first item: (re)listening, so look once anyway
+                    if not self.listening:
+                        self.listening = True
+                        await self.signals.pulse()
             except Exception as exc:  # only a hint: never let it take the worker down
+                self.listening = False
                 failures += 1
                 log.debug("listener lost its connection (%s); retrying", exc)
                 await asyncio.sleep(backoff_delay(failures, self.config.policy, self._rng,

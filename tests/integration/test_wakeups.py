@@ -13,8 +13,7 @@ async def test_notify_wakes_an_idle_worker_long_before_its_idle_cap(store, fake,
     worker = make_worker(idle_max_s=30.0, listen=True)
     task = asyncio.create_task(worker.run())
     try:
-        await worker.signals.wait_for(lambda: worker.idle, 10)
-        await asyncio.sleep(0.3)  # let the listener's LISTEN land before the insert
+        await worker.signals.wait_for(lambda: worker.idle and worker.listening, 10)
         fake.add_job("n1", script=[{"sume_status": "completed", "terminal": True}])
         started = time.monotonic()
         await store.add_job("n1", delay_s=0)

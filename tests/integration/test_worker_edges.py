@@ -1,0 +1,102 @@
+"""Edges of the worker loop: auth pauses without spinning, stop during a claim, a reader that
+raises, redirects never followed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from vidpoll.models import HttpAnswer
+from vidpoll.policy import PollPolicy
+from vidpoll.store import PgStore
+from vidpoll.worker import Worker, WorkerConfig
+
+from ..conftest import run_until
+
+LONG_PAUSES = PollPolicy(min_poll_s=0.05, backoff_base_s=10.0, backoff_max_s=20.0)
+
+
+async def test_auth_pause_sleeps_instead_of_spinning(store, fake, fake_url, make_worker):
+    for i in range(3):
+        fake.add_job(f"p{i}", script=[{"http": 401, "code": "unauthorized"}])
+        await store.add_job(f"p{i}", delay_s=0)
+    worker = make_worker(policy=LONG_PAUSES, concurrency=3, batch_size=3)
+    task = asyncio.create_task(worker.run())
+    try:
+        # paused (5-10 s) and every claimed row given back by the writer
+        await worker.signals.wait_for(
+            lambda: worker.stats.errors.get("auth", 0) == 1 and not worker._release
+            and worker._inflight == 0, 10)
+        turns = worker.stats.loop_turns
+        await asyncio.sleep(1.0)  # an observation window, not a synchronisation
+        assert worker.stats.loop_turns - turns <= 2
+    finally:
+        worker.stop()
+        await task
+    assert sum(fake.reads.values()) <= 3
+
+
+class GatedClaims:
+    """The real store, with each claim held until the test opens the gate."""
+
+    def __init__(self, inner: PgStore) -> None:
+        self.inner = inner
+        self.claimed = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        jobs = await self.inner.claim(*args, **kwargs)
+        self.claimed.set()
+        await self.gate.wait()
+        return jobs
+
+
+async def test_stop_during_a_claim_gives_the_rows_back_unread(store, fake, fake_url, client):
+    for i in range(3):
+        fake.add_job(f"g{i}")
+        await store.add_job(f"g{i}", delay_s=-5)
+    before = {i: (await store.get_job(f"g{i}"))["next_poll_at"] for i in range(3)}
+    gated = GatedClaims(store)
+    worker = Worker(gated, client, WorkerConfig(lease_s=30, listen=False))  # type: ignore[arg-type]
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(gated.claimed.wait(), 10)
+    worker.stop()
+    gated.gate.set()
+    await asyncio.wait_for(task, 10)
+    assert sum(fake.reads.values()) == 0
+    for i in range(3):
+        row = await store.get_job(f"g{i}")
+        assert row["claim_token"] is None and row["next_poll_at"] == before[i]
+
+
+class RaisingReader:
+    """A reader that breaks its promise to return answers."""
+
+    async def read_status(self, job_id: str) -> HttpAnswer:
+        raise RuntimeError("boom")
+
+
+async def test_a_raising_reader_backs_off_instead_of_re_reading_at_once(store):
+    await store.add_job("r", delay_s=0)
+    worker = Worker(store, RaisingReader(), WorkerConfig(policy=LONG_PAUSES, listen=False))
+    await run_until(worker, lambda: worker.stats.recorded == 1)
+    row = await store.get_job("r")
+    assert row["state"] == "pending" and row["consecutive_errors"] == 1
+    assert (row["next_poll_at"] - row["last_polled_at"]).total_seconds() >= 5.0
+    assert worker.stats.reads == 1
+
+
+async def test_redirects_are_not_followed_and_their_urls_not_recorded(store, fake, fake_url,
+                                                                      make_worker, caplog):
+    secret = "sig=SECRET-SIGNATURE"
+    fake.add_job("moved", script=[{"http": 302, "headers": {
+        "Location": f"http://127.0.0.1:9/media/moved.mp4?{secret}"}}])
+    await store.add_job("moved", delay_s=0)
+    worker = make_worker(policy=LONG_PAUSES)
+    await run_until(worker, lambda: worker.stats.recorded == 1)
+    row = await store.get_job("moved")
+    assert row["last_http_status"] == 302 and row["last_error_class"] == "client_error"
+    assert secret not in (row["last_error"] or "") and secret not in caplog.text
