@@ -165,11 +165,6 @@ class Worker:
         self._stopping.set()
         self._wake.set()
 
-    @property
-    def stopping(self) -> bool:
-        """True once stop() was called or --drain found nothing left."""
-        return self._stopping.is_set()
-
     async def run(self) -> None:
         """Poll until stop() (or, with drain, until no row is pending)."""
         cfg = self.config
