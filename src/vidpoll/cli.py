@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -14,18 +15,34 @@ from typing import Any, TypeVar
 
 import click
 
+from vidpoll.api import Submission, Vidpoll
+from vidpoll.bulk import BadLine, KeyDeriver, parse_param
 from vidpoll.config import DEFAULT_LEASE_MARGIN_S, Settings
 from vidpoll.embedded import resolve_database_url
-from vidpoll.errors import ConfigError, DatabaseUnavailable, SchemaError, VidpollError
+from vidpoll.errors import (
+    ConfigError,
+    DatabaseUnavailable,
+    IntentRejected,
+    InvalidIntent,
+    InvalidJobId,
+    KeyConflict,
+    SchemaError,
+    VidpollError,
+)
 from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
-from vidpoll.models import ClaimMode
+from vidpoll.models import COMPLETED, ClaimMode, Intent
 from vidpoll.store import PgStore, migrate
+from vidpoll.submitter import Submitter, SubmitterConfig
 from vidpoll.sume import SumeClient
-from vidpoll.worker import Worker, WorkerConfig
+from vidpoll.worker import Worker, WorkerConfig, default_worker_id
 
 T = TypeVar("T")
-EXIT_CODES: dict[type[VidpollError], int] = {ConfigError: 2, DatabaseUnavailable: 3,
-                                             SchemaError: 4}
+EXIT_CODES: dict[type[VidpollError], int] = {
+    ConfigError: 2, DatabaseUnavailable: 3, SchemaError: 4, IntentRejected: 5,
+    InvalidJobId: 6, InvalidIntent: 6, KeyConflict: 6}
+EXIT_NOT_COMPLETED = 7
+EXIT_WAIT_TIMEOUT = 8
+BULK_BATCH = 200
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -100,38 +117,63 @@ def migrate_cmd() -> None:
               type=click.Choice(["lease", "lock"]),
               help="lease: commit the claim and fence writes (no transaction during HTTP); "
                    "lock: hold row locks during the read, as the seed's loop does.")
-@click.option("--drain", is_flag=True, help="Exit 0 once no row is pending.")
+@click.option("--drain", is_flag=True,
+              help="Exit 0 once no job is pending (and, when submitting, no intent queued).")
 @click.option("--no-listen", is_flag=True, help="Do not LISTEN (for transaction poolers).")
 @click.option("--batch-size", default=100, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--lease-seconds", type=click.FloatRange(1, 3600),
               help="Lease length; default: HTTP timeout + 10 s.")
 @click.option("--db-connections", default=4, show_default=True, type=click.IntRange(2, 100))
+@click.option("--poll-only", is_flag=True, help="Only poll jobs; never POST anything.")
+@click.option("--submit-only", is_flag=True, help="Only send queued intents; never poll.")
+@click.option("--max-active", type=click.IntRange(1, 1_000_000),
+              help="Start a render only while fewer jobs are active "
+                   "[default: VIDPOLL_MAX_ACTIVE or 50].")
+@click.option("--submit-concurrency", default=4, show_default=True,
+              type=click.IntRange(1, 1000), help="POSTs in flight at once.")
 def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
-               batch_size: int, lease_seconds: float | None, db_connections: int) -> None:
-    """Poll due jobs until stopped (SIGTERM/SIGINT finish in-flight reads, then exit 0)."""
+               batch_size: int, lease_seconds: float | None, db_connections: int,
+               poll_only: bool, submit_only: bool, max_active: int | None,
+               submit_concurrency: int) -> None:
+    """Poll due jobs and send queued intents until stopped (SIGTERM/SIGINT finish what is in
+    flight, then exit 0)."""
+    if poll_only and submit_only:
+        raise click.UsageError("--poll-only and --submit-only exclude each other")
     settings = _settings()
     try:
         api_key = settings.require_api_key()
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    config = WorkerConfig(
-        concurrency=concurrency, claim_mode=ClaimMode(claim_mode),
-        lease_s=lease_seconds or settings.http_timeout_s + DEFAULT_LEASE_MARGIN_S,
+    lease_s = lease_seconds or settings.http_timeout_s + DEFAULT_LEASE_MARGIN_S
+    worker_id = default_worker_id()
+    poll_config = WorkerConfig(
+        concurrency=concurrency, claim_mode=ClaimMode(claim_mode), lease_s=lease_s,
         batch_size=batch_size, lock_lanes=db_connections - 1, drain=drain,
-        listen=not no_listen, policy=settings.policy)
+        drain_waits_for_intents=not poll_only, listen=not no_listen, policy=settings.policy,
+        worker_id=worker_id)
+    submit_config = SubmitterConfig(
+        concurrency=submit_concurrency,
+        max_active=max_active if max_active is not None else settings.max_active,
+        lease_s=lease_s, http_timeout_s=settings.http_timeout_s,
+        first_poll_s=settings.first_poll_s, drain=drain, listen=not no_listen,
+        policy=settings.policy, worker_id=worker_id)
 
     async def go() -> None:
         store = await _open_store(settings, db_connections)
         try:
             async with SumeClient(settings.sume_base_url, api_key,
                                   timeout_s=settings.http_timeout_s,
-                                  max_connections=concurrency) as client:
-                worker = Worker(store, client, config)
+                                  max_connections=concurrency + submit_concurrency) as client:
+                parts: list[Worker | Submitter] = []
+                if not submit_only:
+                    parts.append(Worker(store, client, poll_config))
+                if not poll_only:
+                    parts.append(Submitter(store, client, submit_config))
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.add_signal_handler(sig, worker.stop)
-                await worker.run()
+                    loop.add_signal_handler(sig, lambda: [p.stop() for p in parts])
+                await asyncio.gather(*(p.run() for p in parts))
         finally:
             await store.close()
 
@@ -258,6 +300,252 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
     return str(value)
+
+
+@main.command("submit")
+@click.option("--prompt", help="The prompt (the payload's `prompt` field).")
+@click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
+              help="Another payload field; VALUE is parsed as JSON when it can be.")
+@click.option("--json", "json_source", type=click.File("r"), metavar="FILE|-",
+              help="The payload as a JSON object (from a file, or - for stdin).")
+@click.option("--key", help="Idempotency-Key to use [default: a new UUID]. The same key "
+                            "again returns the existing intent, never a second render.")
+@click.option("--priority", default=0, show_default=True, type=click.IntRange(-2**31, 2**31 - 1),
+              help="Higher goes first; first in first out within a priority.")
+@click.option("--file", "bulk_file", type=click.File("r"), metavar="FILE|-",
+              help="Record one intent per JSON line (resumable: keys are stable per line); "
+                   "a running `vidpoll worker` sends them.")
+@click.option("--key-prefix", default="", help="With --file: prefix of every derived key.")
+@click.option("--queue-only", is_flag=True,
+              help="Only record the intent; let a running worker send it.")
+@click.option("--wait", "wait_", is_flag=True,
+              help="Block until the job is final; exit 0 if completed, 7 otherwise.")
+@click.option("--timeout", type=click.FloatRange(0), help="With --wait: give up after S "
+                                                          "seconds (exit 8); the job goes on.")
+@click.option("--max-active", type=click.IntRange(1, 1_000_000),
+              help="Admission cap for the immediate try [default: VIDPOLL_MAX_ACTIVE or 50].")
+@click.option("--json-output", "as_json", is_flag=True, help="Print the result as JSON.")
+def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, key: str | None,
+               priority: int, bulk_file: Any, key_prefix: str, queue_only: bool, wait_: bool,
+               timeout: float | None, max_active: int | None, as_json: bool) -> None:
+    """Record a paid submission durably, then send it once right away.
+
+    Prints the job id when Sume answered 202, or says the intent is queued and why (exit 0 in
+    both cases); a running `vidpoll worker` sends queued intents with the same key.
+    """
+    settings = _settings()
+    if bulk_file is not None:
+        if prompt or params or json_source or key or wait_:
+            raise click.UsageError("--file takes no --prompt/--param/--json/--key/--wait")
+        _submit_file(settings, bulk_file, key_prefix)
+        return
+    payload = _payload(prompt, params, json_source)
+    if max_active is not None:
+        settings = dataclasses.replace(settings, max_active=max_active)
+    if not queue_only:
+        try:
+            settings.require_api_key()
+        except ConfigError as exc:
+            click.echo(f"error: {exc} (or use --queue-only to let a worker send it)", err=True)
+            sys.exit(2)
+
+    async def go() -> tuple[Submission, str | None, bool]:
+        async with await Vidpoll.open(settings=settings) as vp:
+            sub = await vp.submit(payload, key=key, priority=priority, send_now=not queue_only)
+            _report_submission(sub, as_json)
+            if not wait_:
+                return sub, None, False
+            click.echo("waiting for the job to end ...", err=True)
+            try:
+                job = await vp.wait(key=sub.key, timeout=timeout)
+            except TimeoutError:
+                return sub, None, True
+            return sub, job.state, False
+
+    _, final, timed_out = _run(go())
+    if timed_out:
+        click.echo(f"error: not final after {timeout:g}s; the job goes on, run `vidpoll submit "
+                   "--wait` with the same key to wait again", err=True)
+        sys.exit(EXIT_WAIT_TIMEOUT)
+    if final is not None:
+        click.echo(final)
+        if final != COMPLETED:
+            sys.exit(EXIT_NOT_COMPLETED)
+
+
+def _payload(prompt: str | None, params: tuple[str, ...], json_source: Any) -> dict[str, Any]:
+    payload: dict[str, Any] = {}
+    if json_source is not None:
+        try:
+            loaded = json.load(json_source)
+        except ValueError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--json") from None
+        if not isinstance(loaded, dict):
+            raise click.BadParameter("must be a JSON object", param_hint="--json")
+        payload.update(loaded)
+    if prompt is not None:
+        payload["prompt"] = prompt
+    for text in params:
+        try:
+            name, value = parse_param(text)
+        except InvalidIntent as exc:
+            raise click.BadParameter(str(exc), param_hint="--param") from None
+        payload[name] = value
+    if not payload:
+        raise click.UsageError("nothing to submit: give --prompt, --param, --json or --file")
+    return payload
+
+
+def _report_submission(sub: Submission, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"key": sub.key, "state": sub.state, "job_id": sub.job_id,
+                               "new": sub.new, "reason": sub.reason}))
+        return
+    again = "" if sub.new else " (this key was already recorded)"
+    if sub.job_id is not None:
+        click.echo(f"submitted{again}: key {sub.key}", err=True)
+        click.echo(sub.job_id)
+    else:
+        click.echo(f"queued{again}: key {sub.key}: {sub.reason}")
+
+
+def _submit_file(settings: Settings, source: Any, prefix: str) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    deriver = KeyDeriver(prefix)
+    bad: list[BadLine] = []
+    conflicts: list[str] = []
+    totals = {"new": 0, "seen": 0}
+
+    async def go() -> None:
+        store = await _open_store(settings)
+        try:
+            with Progress(TextColumn("recording intents"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.fields[new]} new"), transient=False,
+                          console=_stderr_console()) as progress:
+                task = progress.add_task("record", total=None, new=0)
+                line_no = 0
+                while True:
+                    lines = await asyncio.to_thread(_read_lines, source, BULK_BATCH)
+                    if not lines:
+                        break
+                    batch = []
+                    for text in lines:
+                        line_no += 1
+                        parsed = deriver.parse(line_no, text)
+                        if isinstance(parsed, BadLine):
+                            bad.append(parsed)
+                        elif parsed is not None:
+                            batch.append((parsed.key, parsed.payload, parsed.priority))
+                    new, clash = await store.add_intents(batch)
+                    totals["new"] += new
+                    totals["seen"] += len(batch)
+                    conflicts.extend(clash)
+                    progress.update(task, advance=len(lines), new=totals["new"])
+        finally:
+            await store.close()
+
+    _run(go())
+    click.echo(f"recorded {totals['new']} new intents; {totals['seen'] - totals['new']} were "
+               f"already recorded; {len(bad)} bad lines; {len(conflicts)} key conflicts. "
+               "A running `vidpoll worker` sends them.")
+    for line in bad[:20]:
+        click.echo(f"line {line.line_no}: {line.reason}", err=True)
+    for clash_key in conflicts[:20]:
+        click.echo(f"key {clash_key!r} is already recorded with a different payload", err=True)
+    if bad or conflicts:
+        sys.exit(6)
+
+
+def _read_lines(source: Any, n: int) -> list[str]:
+    lines = []
+    for _ in range(n):
+        line = source.readline()
+        if not line:
+            break
+        lines.append(line)
+    return lines
+
+
+def _stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+@main.group("intents")
+def intents() -> None:
+    """Inspect and re-queue submission intents."""
+
+
+def _intent_dict(intent: Intent) -> dict[str, Any]:
+    return {f.name: getattr(intent, f.name) for f in dataclasses.fields(intent)}
+
+
+@intents.command("show")
+@click.argument("key")
+def intents_show(key: str) -> None:
+    """Print one intent (state, job id, attempts, Sume's error) as JSON."""
+    intent = _on_store(lambda store: store.get_intent(key))
+    if intent is None:
+        click.echo(f"error: no intent with key {key!r}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(_intent_dict(intent), default=_json_default, indent=2,
+                          sort_keys=True))
+
+
+@intents.command("list")
+@click.option("--state", type=click.Choice(["queued", "submitted", "rejected"]))
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--json", "as_json", is_flag=True)
+def intents_list(state: str | None, limit: int, as_json: bool) -> None:
+    """Newest intents first."""
+    rows = _on_store(lambda store: store.list_intents(state, limit))
+    if as_json:
+        click.echo(json.dumps([_intent_dict(i) for i in rows], default=_json_default))
+        return
+    for i in rows:
+        detail = i.job_id or (f"{i.error_code}: {i.error_message}" if i.error_code
+                              else (i.last_error or ""))
+        click.echo(f"{i.key}\t{i.state}\tattempts={i.attempts}\t{detail}")
+
+
+@intents.command("retry")
+@click.argument("keys", nargs=-1)
+@click.option("--all-rejected", is_flag=True, help="Re-queue every rejected intent.")
+@click.option("--code", help="With --all-rejected: only those Sume rejected with this code "
+                             "(e.g. insufficient_credits).")
+def intents_retry(keys: tuple[str, ...], all_rejected: bool, code: str | None) -> None:
+    """Re-queue rejected intents (same key), due now; a queued one is made due now."""
+    if not keys and not all_rejected:
+        raise click.UsageError("give KEY... or --all-rejected")
+    done = _on_store(lambda store: store.requeue_intents(keys, all_rejected=all_rejected,
+                                                         code=code))
+    for k in done:
+        click.echo(f"{k}: queued, due now")
+    missing = set(keys) - set(done)
+    for k in sorted(missing):
+        click.echo(f"error: {k!r}: no rejected or idle queued intent with this key", err=True)
+    if missing or not done:
+        sys.exit(1)
+
+
+@intents.command("stats")
+@click.option("--json", "as_json", is_flag=True)
+def intents_stats(as_json: bool) -> None:
+    """Intents by state and what counts against --max-active."""
+
+    async def collect(store: PgStore) -> dict[str, Any]:
+        return {"states": await store.intent_counts(), **await store.admission()}
+
+    stats = _on_store(collect)
+    if as_json:
+        click.echo(json.dumps(stats))
+        return
+    for state, n in stats["states"].items():
+        click.echo(f"{state:>12} {n}")
+    click.echo(f"active renders: {stats['pending_jobs']} pending jobs + "
+               f"{stats['unconfirmed']} unconfirmed POSTs")
 
 
 @main.command("demo")

@@ -15,6 +15,24 @@ from vidpoll.policy import PollPolicy
 DEFAULT_SUME_BASE_URL = "https://api.sume.com"
 DEFAULT_HTTP_TIMEOUT_S = 15.0
 DEFAULT_LEASE_MARGIN_S = 10.0
+DEFAULT_MAX_ACTIVE = 50
+DEFAULT_FIRST_POLL_S = 15.0
+
+
+def _max_active(env: Mapping[str, str]) -> int | None:
+    raw = env.get("VIDPOLL_MAX_ACTIVE", "").strip().lower()
+    if raw == "":
+        return DEFAULT_MAX_ACTIVE
+    if raw in ("none", "unlimited"):
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"VIDPOLL_MAX_ACTIVE={raw!r} must be a positive integer or "
+                          "'unlimited'") from None
+    if value < 1:
+        raise ConfigError(f"VIDPOLL_MAX_ACTIVE={raw!r} must be at least 1 (or 'unlimited')")
+    return value
 
 
 def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
@@ -40,6 +58,8 @@ class Settings:
     http_timeout_s: float = DEFAULT_HTTP_TIMEOUT_S
     home: Path = field(default_factory=lambda: Path(platformdirs.user_data_dir("vidpoll")))
     policy: PollPolicy = field(default_factory=PollPolicy)
+    max_active: int | None = DEFAULT_MAX_ACTIVE
+    first_poll_s: float = DEFAULT_FIRST_POLL_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -67,6 +87,8 @@ class Settings:
                                   minimum=0.1),
             home=Path(home) if home else Path(platformdirs.user_data_dir("vidpoll")),
             policy=policy,
+            max_active=_max_active(env),
+            first_poll_s=_float(env, "VIDPOLL_FIRST_POLL_S", DEFAULT_FIRST_POLL_S),
         )
 
     def require_api_key(self) -> str:

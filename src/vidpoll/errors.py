@@ -4,7 +4,10 @@
     ├── ConfigError          a setting is missing or malformed
     ├── DatabaseUnavailable  PostgreSQL cannot be reached (or went away)
     ├── SchemaError          the schema is missing, too old or from a newer vidpoll
-    └── InvalidJobId         a job id vidpoll cannot store (empty, too long, NUL)
+    ├── InvalidJobId         a job id vidpoll cannot store (empty, too long, NUL)
+    ├── InvalidIntent        an idempotency key or payload vidpoll cannot send or store
+    ├── KeyConflict          an idempotency key already recorded with another payload
+    └── IntentRejected       Sume refused a submission for good (402, 422, ...)
 """
 
 from __future__ import annotations
@@ -28,3 +31,22 @@ class SchemaError(VidpollError):
 
 class InvalidJobId(VidpollError):
     """A job id that cannot be stored as given."""
+
+
+class InvalidIntent(VidpollError):
+    """An idempotency key or payload that cannot be sent or stored; nothing was recorded."""
+
+
+class KeyConflict(VidpollError):
+    """The idempotency key is already recorded with a different payload; nothing was changed."""
+
+
+class IntentRejected(VidpollError):
+    """Sume refused the submission in its own words; `vidpoll intents retry KEY` re-queues it."""
+
+    def __init__(self, key: str, code: str | None, message: str | None) -> None:
+        super().__init__(f"intent {key!r} was rejected by Sume: {code or 'error'}: "
+                         f"{message or 'no message'}")
+        self.key = key
+        self.code = code
+        self.message = message

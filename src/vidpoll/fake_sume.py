@@ -3,8 +3,11 @@
 It implements the seed's contract (`POST /v1/videos`, `GET /v1/jobs/{id}/status`,
 `GET /v1/jobs/{id}/result`) with Sume's error envelope, plus every fault a real provider
 shows: latency, 5xx, 429/503 with Retry-After, hangs past the client timeout, malformed and
-HTML bodies, 404 right after creation, upper-case statuses. Tests can also script the exact
-answers one job gives, and read counters (reads per job, overlapping reads, billed creates).
+HTML bodies, 404 right after creation, upper-case statuses; and on creates: 5xx before or
+after billing, 429, lost replies (billed, then silence), 402 when credits run out, 422 for an
+invalid request or a reused key, and a cap on renders running at once. Tests can script the
+exact answers one job (or one key's POSTs) gives, and read counters (reads per job, overlapping
+reads, POSTs and clips billed per key, overlapping POSTs of one key, peak renders running).
 """
 
 from __future__ import annotations
@@ -46,6 +49,18 @@ class FakeConfig:
     not_found_for_s: float = 0.0
     uppercase: bool = False
     auto_create: bool = False
+    # creates (POST /v1/videos); each rate is a probability per POST that is not a replay
+    create_fail_5xx: float = 0.0
+    """500 before anything is billed."""
+    create_5xx_billed: float = 0.0
+    """The render starts and is billed, then the answer is a 500 anyway."""
+    create_rate_429: float = 0.0
+    create_lose_reply: float = 0.0
+    """The render starts and is billed, then no answer comes for `hang_s` (lost reply)."""
+    credits: int | None = None
+    """Renders the account can still pay for; then 402 insufficient_credits."""
+    max_concurrent: int | None = None
+    """Renders that may run at once; beyond it 429 concurrency_limit_exceeded."""
     seed: int | None = None
 
 
@@ -78,6 +93,15 @@ class FakeSume:
         self.answers: Counter[int] = Counter()
         self.raw_paths: list[str] = []
         self.auth_failures = 0
+        self.billed_by_key: Counter[str] = Counter()
+        self.posts_by_key: Counter[str] = Counter()
+        self.create_order: list[str] = []
+        self.creates_in_flight: Counter[str] = Counter()
+        self.create_overlaps = 0
+        self.max_running_seen = 0
+        self.concurrency_refusals = 0
+        self.create_script: dict[str, list[str]] = {}
+        self.payloads: dict[str, Any] = {}
 
     # -- test helpers -------------------------------------------------------------------
     def add_job(self, job_id: str | None = None, *, outcome: str | None = None,
@@ -100,7 +124,15 @@ class FakeSume:
         return {"jobs": len(self.jobs), "reads": sum(self.reads.values()),
                 "overlaps": self.overlaps, "creates": self.creates, "billed": self.billed,
                 "answers": {str(k): v for k, v in sorted(self.answers.items())},
-                "auth_failures": self.auth_failures}
+                "auth_failures": self.auth_failures, "create_overlaps": self.create_overlaps,
+                "keys_billed_twice": sum(1 for n in self.billed_by_key.values() if n > 1),
+                "max_running_seen": self.max_running_seen,
+                "concurrency_refusals": self.concurrency_refusals}
+
+    def running(self) -> int:
+        """Billed renders that have not reached a terminal state yet."""
+        return sum(1 for j in self.jobs.values()
+                   if j.idempotency_key is not None and self._status_of(j) not in TERMINAL)
 
     def _pick_outcome(self) -> str:
         mix = self.config.terminal_mix
@@ -136,8 +168,23 @@ class FakeSume:
             j = cfg.latency_jitter
             await asyncio.sleep(cfg.latency_s * self.rng.uniform(1 - j, 1 + j))
 
-    async def create(self, request: web.Request) -> web.Response:
+    async def create(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/videos: 202 with a job id; the same Idempotency-Key returns the same job."""
+        key = request.headers.get("Idempotency-Key")
+        if key:
+            self.posts_by_key[key] += 1
+            self.creates_in_flight[key] += 1
+            if self.creates_in_flight[key] > 1:
+                # two POSTs with one key in flight at once: what submitters must never do
+                self.create_overlaps += 1
+        try:
+            return await self._create(request, key)
+        finally:
+            if key:
+                self.creates_in_flight[key] -= 1
+
+    async def _create(self, request: web.Request, key: str | None) -> web.StreamResponse:
+        cfg = self.config
         await self._latency()
         if not self._authorized(request):
             self.auth_failures += 1
@@ -149,17 +196,62 @@ class FakeSume:
         if not isinstance(payload, dict):
             return self._error(422, "bad_request", "body must be a JSON object")
         self.creates += 1
-        key = request.headers.get("Idempotency-Key")
+        if key:
+            self.create_order.append(key)
         if key and key in self.by_key:
+            if self.payloads.get(key) != payload:
+                return self._error(422, "idempotency_key_reused",
+                                   "this Idempotency-Key was used with a different request")
+            self.answers[202] += 1
             job_id = self.by_key[key]
-        else:
-            job_id = self.add_job()
-            self.jobs[job_id].idempotency_key = key
-            if key:
-                self.by_key[key] = job_id
-            self.billed += 1
+            return web.json_response({"job_id": job_id, "status": "queued"}, status=202)
+        fault = self._create_fault(key)
+        if fault == "5xx":
+            return self._error(500, "internal_error", "something broke")
+        if fault == "429":
+            return self._error(429, "rate_limit_exceeded", "slow down",
+                               {"Retry-After": f"{cfg.retry_after_s:g}"})
+        prompt = payload.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            return self._error(422, "invalid_request", "'prompt' must be a non-empty string")
+        if cfg.max_concurrent is not None and self.running() >= cfg.max_concurrent:
+            self.concurrency_refusals += 1
+            return self._error(429, "concurrency_limit_exceeded",
+                               f"at most {cfg.max_concurrent} generations at once",
+                               {"Retry-After": f"{cfg.retry_after_s:g}"})
+        if cfg.credits is not None and cfg.credits <= 0:
+            return self._error(402, "insufficient_credits", "not enough credits for this job")
+        job_id = self.add_job()
+        self.jobs[job_id].idempotency_key = key
+        if key:
+            self.by_key[key] = job_id
+            self.payloads[key] = payload
+            self.billed_by_key[key] += 1
+        self.billed += 1
+        if cfg.credits is not None:
+            cfg.credits -= 1
+        self.max_running_seen = max(self.max_running_seen, self.running())
+        if fault == "5xx_billed":
+            return self._error(500, "internal_error", "something broke after starting the job")
+        if fault == "lose_reply":
+            await asyncio.sleep(cfg.hang_s)
         self.answers[202] += 1
         return web.json_response({"job_id": job_id, "status": "queued"}, status=202)
+
+    def _create_fault(self, key: str | None) -> str | None:
+        """The fault for this POST: the key's script first, then the configured rates."""
+        if key and self.create_script.get(key):
+            step = self.create_script[key].pop(0)
+            return None if step == "ok" else step
+        cfg = self.config
+        roll = self.rng.random()
+        for rate, fault in ((cfg.create_fail_5xx, "5xx"), (cfg.create_rate_429, "429"),
+                            (cfg.create_5xx_billed, "5xx_billed"),
+                            (cfg.create_lose_reply, "lose_reply")):
+            if roll < rate:
+                return fault
+            roll -= rate
+        return None
 
     def _status_of(self, job: FakeJob) -> str:
         age = time.monotonic() - job.created

@@ -19,6 +19,18 @@ GAVE_UP = "gave_up"
 
 LOCAL_TERMINAL_STATES = frozenset({NOT_FOUND, GAVE_UP})
 
+COMPLETED = "completed"
+"""Sume's terminal state of a render that produced a video."""
+
+QUEUED = "queued"
+"""An intent not yet accepted by Sume: never sent, or sent with an unknown outcome."""
+
+SUBMITTED = "submitted"
+"""An intent Sume answered 202: its job row exists and is linked."""
+
+REJECTED = "rejected"
+"""An intent Sume refused for good (402, 422, ...): never retried automatically."""
+
 
 class ClaimMode(enum.StrEnum):
     """How a worker owns the rows it reads."""
@@ -39,6 +51,7 @@ class ErrorClass(enum.StrEnum):
     NOT_FOUND = "not_found"
     AUTH = "auth"
     CLIENT_ERROR = "client_error"
+    CONFLICT = "conflict"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +68,61 @@ class ClaimedJob:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimedIntent:
+    """A submission intent a submitter owns until its lease ends."""
+
+    key: str
+    claim_token: uuid.UUID
+    payload: dict[str, Any]
+    attempts: int
+    consecutive_errors: int
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """One recorded submission, as `vidpoll submit`, the API and `intents show` report it."""
+
+    key: str
+    state: str
+    payload: dict[str, Any]
+    priority: int
+    attempts: int
+    job_id: str | None
+    created_at: datetime
+    next_attempt_at: datetime
+    submitted_at: datetime | None = None
+    last_http_status: int | None = None
+    last_error_class: str | None = None
+    last_error: str | None = None
+    last_request_id: str | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitOutcome:
+    """What to write for one POST attempt; produced by policy, applied by the store.
+
+    `state` is SUBMITTED (with job_id), REJECTED (with error_code/error_message) or QUEUED
+    (retry the same key after `delay_s`).
+    """
+
+    key: str
+    claim_token: uuid.UUID
+    state: str
+    delay_s: float = 0.0
+    job_id: str | None = None
+    http_status: int | None = None
+    error_class: ErrorClass | None = None
+    error: str | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class HttpAnswer:
-    """What came back from one status read, before any interpretation."""
+    """What came back from one HTTP call to Sume, before any interpretation."""
 
     status: int | None
     body: bytes = b""
@@ -86,6 +152,32 @@ class Outcome:
     def is_final(self) -> bool:
         """True when this outcome takes the row out of polling."""
         return self.state != PENDING
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A tracked job as the API reports it."""
+
+    job_id: str
+    state: str
+    provider_status: str | None
+    polls: int
+    created_at: datetime
+    finished_at: datetime | None
+    idempotency_key: str | None
+
+    @property
+    def is_final(self) -> bool:
+        """True once the job is no longer polled."""
+        return self.state != PENDING
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """One NOTIFY (channel and payload); ("", "") means "now listening"."""
+
+    channel: str
+    payload: str
 
 
 @dataclass(slots=True)

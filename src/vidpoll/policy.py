@@ -14,17 +14,25 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from vidpoll.errors import InvalidIntent, InvalidJobId
 from vidpoll.models import (
     GAVE_UP,
     NOT_FOUND,
     PENDING,
+    QUEUED,
+    REJECTED,
+    SUBMITTED,
+    ClaimedIntent,
     ClaimedJob,
     ErrorClass,
     HttpAnswer,
     Outcome,
+    SubmitOutcome,
 )
 
 DEFAULT_POLL_INTERVAL_S = 15.0
+MAX_JOB_ID_LEN = 1024
+MAX_KEY_LEN = 255
 IN_PROGRESS_STATUSES = frozenset({"queued", "running", "processing", "pending", "submitted"})
 MAX_ERROR_TEXT = 500
 
@@ -52,6 +60,52 @@ class AuthPause:
     delay_s: float
     http_status: int
     detail: str
+
+
+def validate_job_id(job_id: str) -> str:
+    """Return `job_id` unchanged if PostgreSQL can store it; raise InvalidJobId otherwise.
+
+    Any other character is fine: ids are stored as given and percent-encoded on the wire.
+    """
+    if not isinstance(job_id, str) or not job_id:
+        raise InvalidJobId("job id must be a non-empty string")
+    if "\x00" in job_id:
+        raise InvalidJobId("job id contains a NUL byte, which PostgreSQL text cannot hold")
+    if len(job_id) > MAX_JOB_ID_LEN:
+        raise InvalidJobId(f"job id is {len(job_id)} characters; the limit is {MAX_JOB_ID_LEN}")
+    return job_id
+
+
+def validate_key(key: str) -> str:
+    """Return an idempotency key unchanged if it can travel as an HTTP header; else raise.
+
+    Visible ASCII only (no spaces, no control characters: a CR/LF would split the header),
+    1 to 255 characters, the limit most providers document for this header.
+    """
+    if not isinstance(key, str) or not key:
+        raise InvalidIntent("idempotency key must be a non-empty string")
+    if len(key) > MAX_KEY_LEN:
+        raise InvalidIntent(f"idempotency key is {len(key)} characters; the limit is "
+                            f"{MAX_KEY_LEN}")
+    bad = next((c for c in key if not "\x21" <= c <= "\x7e"), None)
+    if bad is not None:
+        raise InvalidIntent(f"idempotency key contains {bad!r}; use visible ASCII characters "
+                            "only (letters, digits, punctuation, no spaces)")
+    return key
+
+
+def validate_payload(payload: Any) -> dict[str, Any]:
+    """Return `payload` if it is a JSON object PostgreSQL's jsonb can hold; else raise."""
+    if not isinstance(payload, dict):
+        raise InvalidIntent(f"payload must be a JSON object, not {type(payload).__name__}")
+    try:
+        text = json.dumps(payload, allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")
+    except (TypeError, ValueError, UnicodeError, RecursionError) as exc:
+        raise InvalidIntent(f"payload is not storable JSON: {exc}") from None
+    if "\\u0000" in text:
+        raise InvalidIntent("payload contains a NUL character, which jsonb cannot hold")
+    return payload
 
 
 def backoff_delay(attempt: int, policy: PollPolicy, rng: random.Random,
@@ -223,3 +277,83 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
 def auth_pause_delay(failures: int, policy: PollPolicy, rng: random.Random) -> float:
     """How long every read stays paused after `failures` 401/403 answers in a row."""
     return backoff_delay(failures, policy, rng, cap_s=policy.auth_backoff_max_s)
+
+
+def _envelope(body: dict[str, Any] | None) -> tuple[str | None, str | None]:
+    """Sume's error code and message, if the body is its error envelope."""
+    err = (body or {}).get("error")
+    if not isinstance(err, dict):
+        return None, None
+    code, message = err.get("code"), err.get("message")
+    return (str(code)[:200] if isinstance(code, str) and code else None,
+            str(message)[:MAX_ERROR_TEXT] if isinstance(message, str) and message else None)
+
+
+def created_job_id(body: dict[str, Any] | None) -> str | None:
+    """The job id in a create answer (`job_id`, `id`, or the same under `data`), if usable."""
+    for holder in (body, (body or {}).get("data")):
+        if not isinstance(holder, dict):
+            continue
+        for name in ("job_id", "id"):
+            value = holder.get(name)
+            if isinstance(value, str):
+                try:
+                    return validate_job_id(value)
+                except InvalidJobId:
+                    return None
+    return None
+
+
+RETRYABLE_4XX = {408: ErrorClass.TIMEOUT, 409: ErrorClass.CONFLICT, 429: ErrorClass.RATE_LIMITED}
+"""4xx answers that say "not now" rather than "never": the same key is sent again later."""
+
+
+def decide_submit(intent: ClaimedIntent, answer: HttpAnswer, now: datetime, policy: PollPolicy,
+                  rng: random.Random) -> SubmitOutcome | AuthPause:
+    """Classify one create POST: submitted, rejected for good, or retry with the same key.
+
+    The rule that keeps a clip from being billed twice lives here: anything short of a clear
+    answer (a timeout, a dropped connection, a 5xx, a 2xx without a job id, a 4xx that is not
+    Sume's own error envelope) is an *unknown* outcome, and the only safe move is to send the
+    same Idempotency-Key again later.
+    """
+    status = answer.status
+    body = _json_object(answer.body)
+    request_id = _request_id(body, answer)
+    code, message = _envelope(body)
+
+    def retry(cls: ErrorClass, what: str) -> SubmitOutcome:
+        hinted = parse_retry_after(answer.retry_after, now)
+        if hinted is not None:
+            delay = min(policy.max_poll_s, max(policy.min_poll_s, hinted))
+        else:
+            delay = backoff_delay(intent.consecutive_errors + 1, policy, rng)
+        return SubmitOutcome(intent.key, intent.claim_token, QUEUED, delay, http_status=status,
+                             error_class=cls, error=_error_text(body, answer, what),
+                             request_id=request_id)
+
+    if answer.transport_error is not None:
+        return retry(answer.transport_error, answer.transport_error.value)
+    assert status is not None
+    if 200 <= status < 300:
+        job_id = created_job_id(body)
+        if job_id is None:
+            return retry(ErrorClass.MALFORMED, f"HTTP {status} without a usable job id")
+        return SubmitOutcome(intent.key, intent.claim_token, SUBMITTED, job_id=job_id,
+                             http_status=status, request_id=request_id)
+    if status in (401, 403):
+        return AuthPause(0.0, status, f"HTTP {status}" + (f": {code}" if code else ""))
+    if status in RETRYABLE_4XX:
+        return retry(RETRYABLE_4XX[status], f"HTTP {status}")
+    if status == 503:
+        return retry(ErrorClass.UNAVAILABLE, f"HTTP {status}")
+    if status >= 500:
+        return retry(ErrorClass.SERVER_ERROR, f"HTTP {status}")
+    if 400 <= status < 500 and code is not None:
+        return SubmitOutcome(intent.key, intent.claim_token, REJECTED, http_status=status,
+                             error_class=ErrorClass.CLIENT_ERROR,
+                             error=_error_text(body, answer, f"HTTP {status}"), error_code=code,
+                             error_message=message, request_id=request_id)
+    # a 4xx that is not Sume's envelope came from a proxy or a wrong URL, a 1xx/3xx from
+    # something misconfigured: not Sume refusing this request, so never a final rejection
+    return retry(ErrorClass.CLIENT_ERROR, f"HTTP {status} (not a Sume error answer)")

@@ -14,28 +14,30 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from vidpoll.errors import DatabaseUnavailable, InvalidJobId, SchemaError
-from vidpoll.models import ClaimedJob, Outcome
+from vidpoll.errors import DatabaseUnavailable, KeyConflict, SchemaError
+from vidpoll.models import (
+    QUEUED,
+    REJECTED,
+    SUBMITTED,
+    ClaimedIntent,
+    ClaimedJob,
+    Intent,
+    Job,
+    Notice,
+    Outcome,
+    SubmitOutcome,
+)
+from vidpoll.policy import validate_job_id, validate_key, validate_payload
 from vidpoll.sql import QUERIES, migrations
 
 log = logging.getLogger(__name__)
 
-MAX_JOB_ID_LEN = 1024
-NOTIFY_CHANNEL = "vidpoll_jobs"
-
-
-def validate_job_id(job_id: str) -> str:
-    """Return `job_id` unchanged if PostgreSQL can store it; raise InvalidJobId otherwise.
-
-    Any other character is fine: ids are stored as given and percent-encoded on the wire.
-    """
-    if not isinstance(job_id, str) or not job_id:
-        raise InvalidJobId("job id must be a non-empty string")
-    if "\x00" in job_id:
-        raise InvalidJobId("job id contains a NUL byte, which PostgreSQL text cannot hold")
-    if len(job_id) > MAX_JOB_ID_LEN:
-        raise InvalidJobId(f"job id is {len(job_id)} characters; the limit is {MAX_JOB_ID_LEN}")
-    return job_id
+JOBS_CHANNEL = "vidpoll_jobs"
+"""NOTIFY channel: rows inserted or made due sooner (wakes pollers)."""
+INTENTS_CHANNEL = "vidpoll_intents"
+"""NOTIFY channel: intents recorded or re-queued (wakes submitters)."""
+JOB_DONE_CHANNEL = "vidpoll_job_done"
+"""NOTIFY channel: a job left `pending`; the payload is its id (wakes waiters, submitters)."""
 
 
 def redact_url(url: str) -> str:
@@ -76,6 +78,16 @@ def _job(row: dict[str, Any]) -> ClaimedJob:
                       due_at=row["due_at"], polling_since=row["polling_since"],
                       polls=row["polls"], consecutive_errors=row["consecutive_errors"],
                       not_found_count=row["not_found_count"])
+
+
+def _intent(row: dict[str, Any]) -> Intent:
+    return Intent(key=row["idempotency_key"], state=row["state"], payload=row["payload"],
+                  priority=row["priority"], attempts=row["attempts"], job_id=row["job_id"],
+                  created_at=row["created_at"], next_attempt_at=row["next_attempt_at"],
+                  submitted_at=row["submitted_at"], last_http_status=row["last_http_status"],
+                  last_error_class=row["last_error_class"], last_error=row["last_error"],
+                  last_request_id=row["last_request_id"], error_code=row["error_code"],
+                  error_message=row["error_message"])
 
 
 def _outcome_params(outcomes: Sequence[Outcome], now: datetime | None) -> dict[str, Any]:
@@ -254,6 +266,16 @@ class PgStore:
         """Every column of one row, or None."""
         return await self._one("get_job", {"job_id": job_id})
 
+    async def job(self, job_id: str) -> Job | None:
+        """One tracked job, or None."""
+        row = await self.get_job(job_id)
+        if row is None:
+            return None
+        return Job(job_id=row["job_id"], state=row["state"],
+                   provider_status=row["provider_status"], polls=row["polls"],
+                   created_at=row["created_at"], finished_at=row["finished_at"],
+                   idempotency_key=row["idempotency_key"])
+
     async def counts(self) -> dict[str, int]:
         """Rows per state."""
         return {r["state"]: r["n"] for r in await self._all("count_by_state", {})}
@@ -264,8 +286,9 @@ class PgStore:
         assert row is not None
         return int(row["due"]), float(row["oldest_late_s"] or 0.0)
 
-    async def notifications(self) -> AsyncIterator[None]:
-        """Yield once when LISTEN is in place, then once per NOTIFY on the jobs channel.
+    async def notifications(self, channels: Sequence[str] = (JOBS_CHANNEL,)
+                            ) -> AsyncIterator[Notice]:
+        """Yield Notice("", "") once LISTEN is in place, then one Notice per NOTIFY.
 
         The first item tells the caller it is listening (and that anything notified while it
         was not may have been missed). Runs on a connection of its own; raises
@@ -274,12 +297,150 @@ class PgStore:
         async with _translate_errors():
             conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
             try:
-                await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                yield None
-                async for _ in conn.notifies():
-                    yield None
+                for channel in channels:
+                    await conn.execute(psycopg.sql.SQL("LISTEN {}").format(
+                        psycopg.sql.Identifier(channel)))
+                yield Notice("", "")
+                async for note in conn.notifies():
+                    yield Notice(note.channel, note.payload)
             finally:
                 await conn.close()
+
+    # -- submission intents -----------------------------------------------------------------
+    async def add_intent(self, key: str, payload: dict[str, Any], priority: int = 0
+                         ) -> tuple[Intent, bool]:
+        """Record an intent before any POST; returns (intent, newly recorded).
+
+        The same key with the same payload returns the existing intent untouched (a re-run is
+        harmless); the same key with another payload raises KeyConflict.
+        """
+        validate_key(key)
+        validate_payload(payload)
+        row = await self._one("insert_intent", {"key": key, "payload": Jsonb(payload),
+                                                "priority": priority})
+        intent = await self.get_intent(key)
+        assert intent is not None
+        if row is None and intent.payload != payload:
+            raise KeyConflict(f"idempotency key {key!r} is already recorded with a different "
+                              "payload; use a new key for a new request")
+        return intent, row is not None
+
+    async def add_intents(self, items: Sequence[tuple[str, dict[str, Any], int]]
+                          ) -> tuple[int, list[str]]:
+        """Bulk-record (key, payload, priority) in one transaction.
+
+        Returns (how many were new, keys already recorded with a different payload). Keys and
+        payloads must have been validated by the caller.
+        """
+        if not items:
+            return 0, []
+        async with _translate_errors(), self._pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(_q("insert_intents"), {
+                "keys": [k for k, _, _ in items], "payloads": [Jsonb(p) for _, p, _ in items],
+                "priorities": [pr for _, _, pr in items]})
+            new = {r[0] for r in await cur.fetchall()}
+            old = [k for k, _, _ in items if k not in new]
+            conflicts: list[str] = []
+            if old:
+                cur = await conn.execute(_q("intent_payloads"), {"keys": old})
+                stored = dict(await cur.fetchall())
+                conflicts = [k for k, p, _ in items if k in stored and stored[k] != p]
+        return len(new), conflicts
+
+    async def get_intent(self, key: str) -> Intent | None:
+        """One intent by key, or None."""
+        row = await self._one("get_intent", {"key": key})
+        return None if row is None else _intent(row)
+
+    async def intent_of_job(self, job_id: str) -> Intent | None:
+        """The intent that created a job, or None (ids added by hand have none)."""
+        row = await self._one("get_intent_by_job", {"job_id": job_id})
+        return None if row is None else _intent(row)
+
+    async def list_intents(self, state: str | None = None, limit: int = 50) -> list[Intent]:
+        """Newest intents first, optionally of one state."""
+        return [_intent(r) for r in await self._all("list_intents",
+                                                     {"state": state, "limit": limit})]
+
+    async def claim_intents(self, limit: int, lease_s: float, worker_id: str,
+                            max_active: int | None, key: str | None = None,
+                            now: datetime | None = None) -> list[ClaimedIntent]:
+        """Claim due intents for sending (committed at once), within the admission cap."""
+        params = {"limit": limit, "lease_s": lease_s, "worker_id": worker_id,
+                  "max_active": max_active, "key": key, "now": now}
+        async with _translate_errors(), self._pool.connection() as conn, conn.transaction():
+            if max_active is not None:
+                await conn.execute(_q("lock_admission"))
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(_q("claim_intents"), params)
+            rows = await cur.fetchall()
+        return [ClaimedIntent(key=r["idempotency_key"], claim_token=r["claim_token"],
+                              payload=r["payload"], attempts=r["attempts"],
+                              consecutive_errors=r["consecutive_errors"]) for r in rows]
+
+    async def record_submit(self, outcome: SubmitOutcome, first_poll_s: float = 15.0,
+                            now: datetime | None = None) -> bool:
+        """Write one POST's outcome; False if the intent's fence failed (another owner)."""
+        params: dict[str, Any] = {
+            "key": outcome.key, "token": outcome.claim_token, "now": now,
+            "http_status": outcome.http_status, "request_id": outcome.request_id,
+            "error_class": outcome.error_class.value if outcome.error_class else None,
+            "error": outcome.error}
+        if outcome.state == SUBMITTED:
+            assert outcome.job_id is not None
+            validate_job_id(outcome.job_id)
+            row = await self._one("record_submitted", {**params, "job_id": outcome.job_id,
+                                                       "delay_s": first_poll_s})
+            return bool(row and row["intent_updated"])
+        if outcome.state == REJECTED:
+            row = await self._one("record_intent_rejected", {
+                **params, "error_code": outcome.error_code,
+                "error_message": outcome.error_message})
+            return row is not None
+        assert outcome.state == QUEUED
+        row = await self._one("record_intent_retry", {**params, "delay_s": outcome.delay_s})
+        return row is not None
+
+    async def release_intent(self, intent: ClaimedIntent, delay_s: float,
+                             now: datetime | None = None) -> bool:
+        """Give a claimed intent back unsent (no attempt counted), due after `delay_s`."""
+        row = await self._one("release_intent", {"key": intent.key,
+                                                 "token": intent.claim_token,
+                                                 "delay_s": delay_s, "now": now})
+        return row is not None
+
+    async def requeue_intents(self, keys: Sequence[str], *, all_rejected: bool = False,
+                              code: str | None = None) -> list[str]:
+        """`intents retry`: rejected (or backing-off queued) intents due now; returns keys."""
+        rows = await self._all("requeue_intents", {"keys": list(keys),
+                                                   "all_rejected": all_rejected,
+                                                   "code": code, "now": None})
+        return [r["idempotency_key"] for r in rows]
+
+    async def next_intent_due_in(self) -> float | None:
+        """Seconds until the earliest queued intent is due; None if none is queued."""
+        row = await self._one("next_intent_due_in", {})
+        return None if row is None else cast(float | None, row["next_due_in_s"])
+
+    async def has_queued_intents(self) -> bool:
+        """True while any intent is still waiting to be sent."""
+        row = await self._one("has_queued_intents", {})
+        return bool(row and row["has_queued"])
+
+    async def admission(self) -> dict[str, int]:
+        """pending_jobs, unconfirmed (attempted, still queued) and queued intents."""
+        row = await self._one("admission", {})
+        assert row is not None
+        return {k: int(v) for k, v in row.items()}
+
+    async def intents_ahead(self, key: str) -> int:
+        """How many queued intents go out before this one."""
+        row = await self._one("intents_ahead", {"key": key})
+        return int(row["n"]) if row else 0
+
+    async def intent_counts(self) -> dict[str, int]:
+        """Intents per state."""
+        return {r["state"]: r["n"] for r in await self._all("count_intents_by_state", {})}
 
 
 def _first_line(exc: BaseException) -> str:

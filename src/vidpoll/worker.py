@@ -26,6 +26,7 @@ from vidpoll.models import (
     ClaimMode,
     ErrorClass,
     HttpAnswer,
+    Notice,
     Outcome,
     WorkerStats,
 )
@@ -78,8 +79,11 @@ class Store(Protocol):
     async def has_pending(self) -> bool:
         """Whether any row is still pending."""
 
-    def notifications(self) -> AsyncIterator[None]:
-        """One item per NOTIFY on the jobs channel."""
+    async def has_queued_intents(self) -> bool:
+        """Whether any submission intent still waits to be sent."""
+
+    def notifications(self) -> AsyncIterator[Notice]:
+        """One item once listening, then one per NOTIFY on the jobs channel."""
 
 
 class StatusReader(Protocol):
@@ -104,6 +108,7 @@ class WorkerConfig:
     batch_size: int = 100
     lock_lanes: int = 3
     drain: bool = False
+    drain_waits_for_intents: bool = False
     listen: bool = True
     idle_max_s: float = IDLE_MAX_S
     policy: PollPolicy = field(default_factory=PollPolicy)
@@ -232,7 +237,10 @@ class Worker:
     async def _idle_delay(self, claimed: int) -> float | None:
         """How long to sleep after a claim that did not fill the batch; None ends a drain."""
         cfg = self.config
+        # intents first: a submission commits its job row as its intent leaves the queue, so
+        # "no queued intent" followed by "no pending job" cannot miss a job in between
         if (cfg.drain and claimed == 0 and self._inflight == 0 and not self._outbox
+                and not (cfg.drain_waits_for_intents and await self.store.has_queued_intents())
                 and not await self.store.has_pending()):
             log.info("drain: no pending row left")
             self._stopping.set()

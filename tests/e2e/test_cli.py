@@ -84,7 +84,7 @@ def test_embedded_path_end_to_end(new_user_env):
         finished = vidpoll(env, "jobs", "resume", "e2e-1")  # Sume's final states stay final
         assert finished.returncode == 1 and "resumable" in finished.stderr
         empty = vidpoll(env, "jobs", "add", "")
-        assert empty.returncode == 1 and "non-empty" in empty.stderr
+        assert empty.returncode == 6 and "non-empty" in empty.stderr
         assert json.loads(vidpoll(env, "jobs", "stats", "--json").stdout)["states"] == {
             "completed": 3}
     finally:

@@ -171,3 +171,206 @@ SELECT max(version) AS version FROM vidpoll_schema_migrations;
 -- name: database_exists
 -- Used before CREATE DATABASE (the embedded server, the demo, the test template).
 SELECT 1 FROM pg_database WHERE datname = %(name)s;
+
+-- ---------------------------------------------------------------------------------------------
+-- Submission intents (0003): recorded before the paid POST, claimed like jobs.
+
+-- name: insert_intent
+-- Records an intent. ON CONFLICT keeps the first: a key we already have is never re-queued or
+-- changed, so recording again after a crash or a re-run cannot send a second POST.
+INSERT INTO video_intents (idempotency_key, payload, priority)
+VALUES (%(key)s, %(payload)s, %(priority)s)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING idempotency_key;
+
+-- name: insert_intents
+-- The bulk path (`submit --file`): one statement per batch; returns the keys that were new.
+INSERT INTO video_intents (idempotency_key, payload, priority)
+SELECT * FROM unnest(%(keys)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[])
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING idempotency_key;
+
+-- name: intent_payloads
+-- The stored payloads of some keys, to tell a harmless re-run from a key reused for another
+-- request.
+SELECT idempotency_key, payload FROM video_intents WHERE idempotency_key = ANY(%(keys)s::text[]);
+
+-- name: get_intent
+SELECT * FROM video_intents WHERE idempotency_key = %(key)s;
+
+-- name: get_intent_by_job
+SELECT * FROM video_intents WHERE job_id = %(job_id)s ORDER BY seq LIMIT 1;
+
+-- name: list_intents
+SELECT * FROM video_intents
+WHERE (%(state)s::text IS NULL OR state = %(state)s)
+ORDER BY seq DESC
+LIMIT %(limit)s;
+
+-- name: lock_admission
+-- Serialises admission decisions fleet-wide for the rest of the transaction: two submitters
+-- that each counted "one slot left" must not both take it.
+SELECT pg_advisory_xact_lock(7306198364525512);
+
+-- name: claim_intents
+-- Claims due intents for sending, committed at once (the lease is the schedule, as for jobs).
+-- An intent already attempted (attempts > 0) may have started a render, so it holds a slot
+-- under --max-active and is claimed without needing a new one; a fresh intent needs a free
+-- slot. Fresh intents go strictly in (priority DESC, seq) order; with %(key)s set only that
+-- intent is considered, and only if no due fresh intent is ahead of it for the slots left.
+WITH active AS (
+  -- pending jobs and intents that may have started a render, each count bounded by the cap
+  -- so the cost stays small however large the table is
+  SELECT CASE WHEN %(max_active)s::int IS NULL THEN 0 ELSE
+           (SELECT count(*) FROM (SELECT 1 FROM video_jobs WHERE state = 'pending'
+                                  LIMIT %(max_active)s::int) p)
+         + (SELECT count(*) FROM (SELECT 1 FROM video_intents
+                                  WHERE state = 'queued' AND attempts > 0
+                                  LIMIT %(max_active)s::int) q)
+         END AS n
+),
+me AS (
+  SELECT priority, seq FROM video_intents WHERE idempotency_key = %(key)s::text
+),
+ahead AS (
+  -- due fresh intents that go before the one asked for by key (FIFO within priority)
+  SELECT count(*) AS n FROM video_intents a, me
+  WHERE a.state = 'queued' AND a.attempts = 0
+    AND a.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+    AND (a.priority > me.priority OR (a.priority = me.priority AND a.seq < me.seq))
+),
+retries AS (
+  SELECT ctid FROM video_intents
+  WHERE state = 'queued' AND attempts > 0
+    AND next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+    AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
+  ORDER BY priority DESC, seq
+  LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED
+),
+fresh AS (
+  SELECT ctid FROM video_intents
+  WHERE state = 'queued' AND attempts = 0
+    AND next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+    AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
+  ORDER BY priority DESC, seq
+  LIMIT greatest(0, least(
+    %(limit)s - (SELECT count(*) FROM retries),
+    CASE WHEN %(max_active)s::int IS NULL THEN %(limit)s
+         ELSE %(max_active)s::int - (SELECT n FROM active)
+              - coalesce((SELECT n FROM ahead), 0) END))
+  FOR UPDATE SKIP LOCKED
+),
+picked AS (SELECT ctid FROM retries UNION ALL SELECT ctid FROM fresh)
+UPDATE video_intents AS i
+SET next_attempt_at = coalesce(%(now)s::timestamptz, now())
+                      + make_interval(secs => %(lease_s)s::float8),
+    claim_token = gen_random_uuid(),
+    claimed_by = %(worker_id)s,
+    claimed_at = coalesce(%(now)s::timestamptz, now()),
+    attempts = i.attempts + 1,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM picked
+WHERE i.ctid = picked.ctid
+RETURNING i.idempotency_key, i.claim_token, i.payload, i.attempts, i.consecutive_errors;
+
+-- name: admission
+-- For `submit` and `intents stats`: how many renders may be running, and what is queued.
+SELECT
+  (SELECT count(*) FROM video_jobs WHERE state = 'pending') AS pending_jobs,
+  (SELECT count(*) FROM video_intents WHERE state = 'queued' AND attempts > 0) AS unconfirmed,
+  (SELECT count(*) FROM video_intents WHERE state = 'queued') AS queued;
+
+-- name: intents_ahead
+-- Queued intents that go out before this one (FIFO within priority).
+SELECT count(*) AS n FROM video_intents a, video_intents me
+WHERE me.idempotency_key = %(key)s AND a.state = 'queued' AND a.idempotency_key <> me.idempotency_key
+  AND (a.priority > me.priority OR (a.priority = me.priority AND a.seq < me.seq));
+
+-- name: record_submitted
+-- Sume answered 202 with a job id: the job row is inserted and the intent marked submitted in
+-- one transaction, so a crash leaves either both or neither (and neither means the same key is
+-- sent again, which returns this same job). The job row is written even if the intent's fence
+-- failed: the id is Sume's answer for this key whoever asked, and a paid job must be tracked.
+WITH job AS (
+  INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key)
+  VALUES (%(job_id)s, 'pending',
+          coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
+          %(key)s)
+  ON CONFLICT (job_id) DO UPDATE
+    SET idempotency_key = coalesce(video_jobs.idempotency_key, EXCLUDED.idempotency_key)
+  RETURNING (xmax = 0) AS inserted
+), intent AS (
+  UPDATE video_intents
+  SET state = 'submitted', job_id = %(job_id)s,
+      submitted_at = coalesce(%(now)s::timestamptz, now()),
+      updated_at = coalesce(%(now)s::timestamptz, now()),
+      consecutive_errors = 0, claim_token = NULL,
+      last_http_status = %(http_status)s, last_error_class = NULL,
+      last_request_id = coalesce(%(request_id)s, last_request_id)
+  WHERE idempotency_key = %(key)s AND claim_token = %(token)s AND state = 'queued'
+  RETURNING idempotency_key
+)
+SELECT (SELECT bool_or(inserted) FROM job) AS job_inserted,
+       EXISTS (SELECT 1 FROM intent) AS intent_updated;
+
+-- name: record_intent_retry
+-- An unknown outcome (timeout, 5xx, 429, ...): the intent stays queued and is sent again with
+-- the same key after the delay. Fenced like job writes.
+UPDATE video_intents
+SET next_attempt_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
+    consecutive_errors = consecutive_errors + 1,
+    claim_token = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    last_http_status = %(http_status)s, last_error_class = %(error_class)s,
+    last_error = %(error)s, last_request_id = coalesce(%(request_id)s, last_request_id)
+WHERE idempotency_key = %(key)s AND claim_token = %(token)s AND state = 'queued'
+RETURNING idempotency_key;
+
+-- name: record_intent_rejected
+-- Sume refused the request in its own words (402, 422, ...): final until a person re-queues it.
+UPDATE video_intents
+SET state = 'rejected', rejected_at = coalesce(%(now)s::timestamptz, now()),
+    updated_at = coalesce(%(now)s::timestamptz, now()), claim_token = NULL,
+    last_http_status = %(http_status)s, last_error_class = %(error_class)s,
+    last_error = %(error)s, last_request_id = coalesce(%(request_id)s, last_request_id),
+    error_code = %(error_code)s, error_message = %(error_message)s
+WHERE idempotency_key = %(key)s AND claim_token = %(token)s AND state = 'queued'
+RETURNING idempotency_key;
+
+-- name: release_intent
+-- Gives a claimed intent back without counting an attempt: it was never sent, or Sume refused
+-- the API key (nothing started). Due again after the delay.
+UPDATE video_intents
+SET next_attempt_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
+    attempts = greatest(0, attempts - 1), claim_token = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE idempotency_key = %(key)s AND claim_token = %(token)s AND state = 'queued'
+RETURNING idempotency_key;
+
+-- name: requeue_intents
+-- `vidpoll intents retry`: rejected intents back to the queue, due now, with a fresh error
+-- count; a queued intent is made due now. Never one whose claim is live (it is being sent).
+UPDATE video_intents
+SET state = 'queued', next_attempt_at = coalesce(%(now)s::timestamptz, now()),
+    consecutive_errors = 0, rejected_at = NULL, claim_token = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE (idempotency_key = ANY(%(keys)s::text[])
+       OR (%(all_rejected)s AND state = 'rejected'
+           AND (%(code)s::text IS NULL OR error_code = %(code)s)))
+  AND (state = 'rejected'
+       OR (state = 'queued' AND (claim_token IS NULL
+                                 OR next_attempt_at <= coalesce(%(now)s::timestamptz, now()))))
+RETURNING idempotency_key;
+
+-- name: next_intent_due_in
+-- Seconds until the earliest queued intent is due (database clock); NULL if none is queued.
+SELECT extract(epoch FROM min(next_attempt_at) - now())::float8 AS next_due_in_s
+FROM video_intents WHERE state = 'queued';
+
+-- name: count_intents_by_state
+SELECT state, count(*) AS n FROM video_intents GROUP BY state ORDER BY state;
+
+-- name: has_queued_intents
+-- For --drain with the submitter on: is any intent still waiting to be sent?
+SELECT EXISTS (SELECT 1 FROM video_intents WHERE state = 'queued') AS has_queued;

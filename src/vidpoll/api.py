@@ -1,0 +1,196 @@
+"""The Python API: record a submission, send it once right away, wait for its job to end.
+
+    async with await Vidpoll.open() as vp:              # DATABASE_URL, SUME_* from the env
+        sub = await vp.submit({"prompt": "a lighthouse at dawn"})
+        job = await vp.wait(key=sub.key, timeout=900)   # needs a running `vidpoll worker`
+        print(job.state)
+
+The intent is committed before any POST; whatever happens next (timeout, crash, 5xx), a
+running `vidpoll worker` sends it again with the same Idempotency-Key, never a second clip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from vidpoll.config import Settings
+from vidpoll.embedded import resolve_database_url
+from vidpoll.errors import ConfigError, IntentRejected
+from vidpoll.models import QUEUED, REJECTED, Intent, Job, SubmitOutcome
+from vidpoll.policy import AuthPause
+from vidpoll.store import INTENTS_CHANNEL, JOB_DONE_CHANNEL, PgStore
+from vidpoll.submitter import SubmitterConfig, submit_now
+from vidpoll.sume import SumeClient
+
+WAIT_FALLBACK_S = 5.0
+"""wait() re-reads the row at least this often, so a missed NOTIFY never hangs a caller."""
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What submit() did: the intent as it stands now, and why if it is still queued."""
+
+    intent: Intent
+    new: bool
+    reason: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The idempotency key (also the handle to wait on)."""
+        return self.intent.key
+
+    @property
+    def job_id(self) -> str | None:
+        """Sume's job id once the POST was answered 202."""
+        return self.intent.job_id
+
+    @property
+    def state(self) -> str:
+        """queued, submitted or rejected."""
+        return self.intent.state
+
+
+class Vidpoll:
+    """One application's handle on the job table (and on Sume, to send right away)."""
+
+    def __init__(self, store: PgStore, settings: Settings) -> None:
+        self.store = store
+        self.settings = settings
+
+    @classmethod
+    async def open(cls, database_url: str | None = None, *,
+                   settings: Settings | None = None, max_connections: int = 4) -> Vidpoll:
+        """Connect to DATABASE_URL (or the embedded PostgreSQL) with settings from the env."""
+        settings = settings or Settings.from_env()
+        url = resolve_database_url(database_url or settings.database_url, settings.home)
+        return cls(await PgStore.open(url, max_size=max_connections), settings)
+
+    async def __aenter__(self) -> Vidpoll:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the database connections."""
+        await self.store.close()
+
+    async def submit(self, payload: dict[str, Any], *, key: str | None = None,
+                     priority: int = 0, send_now: bool = True) -> Submission:
+        """Record an intent (committed first), then try the POST once if its turn has come.
+
+        `key` defaults to a new UUID; the same key again returns the existing intent (and
+        raises KeyConflict if the payload differs). Raises IntentRejected if Sume refused it.
+        The admission cap is `settings.max_active` (VIDPOLL_MAX_ACTIVE).
+        """
+        key = key or str(uuid.uuid4())
+        intent, new = await self.store.add_intent(key, payload, priority)
+        if intent.state == REJECTED:
+            raise IntentRejected(key, intent.error_code, intent.error_message)
+        if not (new and send_now):
+            reason = None if intent.state != QUEUED else await self.queued_reason(key)
+            return Submission(intent, new, reason)
+        api_key = self.settings.require_api_key()
+        cap = self.settings.max_active
+        config = SubmitterConfig(concurrency=1, max_active=cap,
+                                 lease_s=self.settings.http_timeout_s + 10.0,
+                                 http_timeout_s=self.settings.http_timeout_s,
+                                 first_poll_s=self.settings.first_poll_s,
+                                 policy=self.settings.policy, listen=False)
+        async with SumeClient(self.settings.sume_base_url, api_key,
+                              timeout_s=self.settings.http_timeout_s) as client:
+            result = await submit_now(self.store, client, config, key)
+        intent = await self.store.get_intent(key) or intent
+        if intent.state == REJECTED:
+            raise IntentRejected(key, intent.error_code, intent.error_message)
+        reason = None
+        if intent.state == QUEUED:
+            reason = await self._why_queued(key, result, cap)
+        return Submission(intent, new, reason)
+
+    async def queued_reason(self, key: str) -> str:
+        """A sentence on why an intent is still queued."""
+        return await self._why_queued(key, None, self.settings.max_active)
+
+    async def _why_queued(self, key: str, result: SubmitOutcome | AuthPause | None,
+                          cap: int | None) -> str:
+        later = "a running `vidpoll worker` sends it with the same key"
+        if isinstance(result, AuthPause):
+            return f"Sume refused the API key ({result.detail}); the intent is kept and {later}"
+        if isinstance(result, SubmitOutcome):
+            return (f"Sume did not confirm it ({result.error}); {later} in about "
+                    f"{result.delay_s:.0f}s, so at most one clip is billed")
+        counts = await self.store.admission()
+        active = counts["pending_jobs"] + counts["unconfirmed"]
+        if cap is not None and active >= cap:
+            return f"{active} renders are active and the limit is {cap} (--max-active); {later}"
+        ahead = await self.store.intents_ahead(key)
+        if ahead:
+            return f"{ahead} queued intents go out before it; {later}"
+        return f"it is not due yet or another process is sending it; {later}"
+
+    async def intent(self, key: str) -> Intent | None:
+        """An intent by key."""
+        return await self.store.get_intent(key)
+
+    async def job(self, job_id: str) -> Job | None:
+        """A tracked job by id."""
+        return await self.store.job(job_id)
+
+    async def wait(self, job_id: str | None = None, *, key: str | None = None,
+                   timeout: float | None = None) -> Job:  # noqa: ASYNC109 (the documented API)
+        """Block until the job (given by id, or by the key that submits it) is final.
+
+        Listens for NOTIFY and re-reads the row at least every 5 s, so a missed notification
+        costs seconds, never a hang. Raises TimeoutError after `timeout` seconds,
+        IntentRejected if the key's submission was rejected, LookupError for an unknown id.
+        """
+        if (job_id is None) == (key is None):
+            raise ConfigError("wait() needs exactly one of job_id or key")
+        woken = asyncio.Event()
+        listening = asyncio.Event()
+
+        async def listen() -> None:
+            with contextlib.suppress(Exception):  # only a hint: the re-reads carry on
+                async for note in self.store.notifications((JOB_DONE_CHANNEL,
+                                                            INTENTS_CHANNEL)):
+                    if not note.channel:
+                        listening.set()
+                    if note.channel != JOB_DONE_CHANNEL or note.payload in ("", job_id):
+                        woken.set()
+            listening.set()
+
+        listener = asyncio.create_task(listen())
+        try:
+            async with asyncio.timeout(timeout):
+                # LISTEN first, then read: a change between the two is never missed
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(listening.wait(), WAIT_FALLBACK_S)
+                while True:
+                    woken.clear()
+                    if job_id is None:
+                        assert key is not None
+                        intent = await self.store.get_intent(key)
+                        if intent is None:
+                            raise LookupError(f"no intent with key {key!r}")
+                        if intent.state == REJECTED:
+                            raise IntentRejected(key, intent.error_code, intent.error_message)
+                        job_id = intent.job_id
+                    if job_id is not None:
+                        job = await self.store.job(job_id)
+                        if job is None:
+                            raise LookupError(f"no job {job_id!r}")
+                        if job.is_final:
+                            return job
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(woken.wait(), WAIT_FALLBACK_S)
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener

@@ -1,0 +1,380 @@
+"""The submitter: sends recorded intents to Sume, each under its own Idempotency-Key.
+
+An intent is committed to PostgreSQL before anything is sent. A submitter claims due intents
+the way workers claim jobs (SKIP LOCKED, the lease is the schedule, every write fenced on the
+claim token), POSTs each once, and records the answer: on 202 the job row is inserted and the
+intent marked submitted in one transaction; on an unknown outcome the intent stays queued and
+is sent again later with the *same* key, so Sume answers with the job it already started;
+on a rejection in Sume's own words the intent is rejected for good.
+
+Like the worker, it knows neither psycopg nor aiohttp: both come in through Protocols.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from vidpoll.config import DEFAULT_FIRST_POLL_S, DEFAULT_MAX_ACTIVE
+from vidpoll.errors import DatabaseUnavailable
+from vidpoll.models import (
+    QUEUED,
+    REJECTED,
+    SUBMITTED,
+    ClaimedIntent,
+    ErrorClass,
+    HttpAnswer,
+    Notice,
+    SubmitOutcome,
+)
+from vidpoll.policy import (
+    AuthPause,
+    PollPolicy,
+    auth_pause_delay,
+    backoff_delay,
+    decide_submit,
+)
+from vidpoll.worker import IDLE_MAX_S, Signals, default_worker_id
+
+log = logging.getLogger(__name__)
+
+RECHECK_S = 2.0
+"""Sleep when intents are due but none could be claimed (all slots taken, or another
+submitter holds them); a finishing job's NOTIFY usually wakes the submitter sooner."""
+DB_BACKOFF_MAX_S = 30.0
+WAKE_CHANNELS = ("vidpoll_intents", "vidpoll_job_done")
+
+
+class IntentStore(Protocol):
+    """What the submitter needs from PostgreSQL."""
+
+    async def claim_intents(self, limit: int, lease_s: float, worker_id: str,
+                            max_active: int | None, key: str | None = None
+                            ) -> list[ClaimedIntent]:
+        """Claim due intents within the admission cap, committed at once."""
+
+    async def record_submit(self, outcome: SubmitOutcome, first_poll_s: float = ...) -> bool:
+        """Write one POST's outcome, fenced; False if another owner has the intent now."""
+
+    async def release_intent(self, intent: ClaimedIntent, delay_s: float) -> bool:
+        """Give an intent back unsent."""
+
+    async def next_intent_due_in(self) -> float | None:
+        """Seconds until the earliest queued intent is due."""
+
+    async def has_queued_intents(self) -> bool:
+        """Whether any intent still waits to be sent."""
+
+    def notifications(self, channels: Sequence[str] = ...) -> AsyncIterator[Notice]:
+        """One item once listening, then one per NOTIFY on `channels`."""
+
+
+class VideoCreator(Protocol):
+    """What the submitter needs from Sume: the paid call."""
+
+    async def create_video(self, payload: dict[str, Any], idempotency_key: str) -> HttpAnswer:
+        """POST a new render; failures come back as answers, never raised."""
+
+
+@dataclass(frozen=True)
+class SubmitterConfig:
+    """How one process sends intents."""
+
+    concurrency: int = 4
+    max_active: int | None = DEFAULT_MAX_ACTIVE
+    lease_s: float = 25.0
+    http_timeout_s: float = 15.0
+    first_poll_s: float = DEFAULT_FIRST_POLL_S
+    drain: bool = False
+    listen: bool = True
+    idle_max_s: float = IDLE_MAX_S
+    policy: PollPolicy = field(default_factory=PollPolicy)
+    worker_id: str = field(default_factory=default_worker_id)
+
+
+@dataclass(slots=True)
+class SubmitStats:
+    """Counters a submitter keeps about itself."""
+
+    claims: int = 0
+    posts: int = 0
+    submitted: int = 0
+    rejected: int = 0
+    retries: dict[str, int] = field(default_factory=dict)
+    released: int = 0
+    fenced_out: int = 0
+    db_errors: int = 0
+
+
+class Submitter:
+    """Sends queued intents, at most `concurrency` POSTs at once, within `max_active`."""
+
+    def __init__(self, store: IntentStore, creator: VideoCreator, config: SubmitterConfig,
+                 rng: random.Random | None = None,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.store = store
+        self.creator = creator
+        self.config = config
+        self.stats = SubmitStats()
+        self.signals = Signals()
+        self.idle = False
+        self.listening = False
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._inflight = 0
+        self._auth_failures = 0
+        self._credit_failures = 0
+        self._paused_until = 0.0
+
+    def stop(self) -> None:
+        """Stop claiming; POSTs in flight finish and are recorded, then run() returns."""
+        self._stopping.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Send intents until stop() (or, with drain, until none is queued)."""
+        cfg = self.config
+        log.info("submitter %s started: concurrency=%d max_active=%s lease=%gs", cfg.worker_id,
+                 cfg.concurrency, cfg.max_active, cfg.lease_s)
+        listener = asyncio.create_task(self._listener()) if cfg.listen else None
+        try:
+            await self._main_loop()
+        finally:
+            self._stopping.set()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            if listener is not None:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
+            await self.signals.pulse()
+            log.info("submitter %s stopped: posts=%d submitted=%d rejected=%d retries=%s",
+                     cfg.worker_id, self.stats.posts, self.stats.submitted, self.stats.rejected,
+                     self.stats.retries)
+
+    async def _main_loop(self) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        db_failures = 0
+        while not self._stopping.is_set():
+            self._wake.clear()
+            paused_for = self._paused_until - loop.time()
+            if paused_for > 0:
+                await self._sleep(paused_for)
+                continue
+            free = cfg.concurrency - self._inflight
+            if free <= 0:
+                await self._sleep(cfg.idle_max_s)  # a finishing POST wakes us
+                continue
+            limit = 1 if (self._auth_failures or self._credit_failures) else free
+            try:
+                intents = await self.store.claim_intents(limit, cfg.lease_s, cfg.worker_id,
+                                                         cfg.max_active)
+                db_failures = 0
+                self.stats.claims += 1
+                for intent in intents:
+                    self._spawn(intent)
+                if len(intents) == limit and limit == free:
+                    continue
+                delay = await self._idle_delay(len(intents))
+                if delay is None:
+                    return
+            except DatabaseUnavailable as exc:
+                db_failures += 1
+                self.stats.db_errors += 1
+                log.warning("submitter: database unavailable (%s); retrying",
+                            str(exc).splitlines()[0])
+                delay = backoff_delay(db_failures, cfg.policy, self._rng, DB_BACKOFF_MAX_S)
+            self.idle = self._inflight == 0
+            await self.signals.pulse()
+            await self._sleep(delay)
+
+    async def _idle_delay(self, claimed: int) -> float | None:
+        cfg = self.config
+        if claimed or self._inflight:
+            # more may be due but held back by the cap: a finishing POST or job wakes us
+            return RECHECK_S if not claimed else cfg.idle_max_s
+        if cfg.drain and not await self.store.has_queued_intents():
+            log.info("drain: no queued intent left")
+            self._stopping.set()
+            return None
+        due_in = await self.store.next_intent_due_in()
+        if due_in is None:
+            return cfg.idle_max_s
+        if due_in <= 0:
+            return RECHECK_S
+        return min(cfg.idle_max_s, due_in + 0.005)
+
+    async def _sleep(self, seconds: float) -> None:
+        if seconds <= 0 or self._stopping.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+
+    def _spawn(self, intent: ClaimedIntent) -> None:
+        self._inflight += 1
+        claimed_at = asyncio.get_running_loop().time()
+        task = asyncio.create_task(self._send_and_count(intent, claimed_at))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_and_count(self, intent: ClaimedIntent, claimed_at: float) -> None:
+        try:
+            await self.send(intent, claimed_at)
+        except Exception:
+            log.exception("intent %s: unexpected error; its lease will expire and it is sent "
+                          "again with the same key", intent.key)
+        finally:
+            self._inflight -= 1
+            self._wake.set()
+        await self.signals.pulse()
+
+    # -- one intent ---------------------------------------------------------------------------
+    async def send(self, intent: ClaimedIntent, claimed_at: float | None = None
+                   ) -> SubmitOutcome | AuthPause | None:
+        """POST one claimed intent and record the answer.
+
+        Returns the recorded outcome, an AuthPause (the intent was given back untouched), or
+        None when it was not sent at all (its lease was too short to wait for an answer).
+        """
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        if claimed_at is not None and loop.time() - claimed_at + cfg.http_timeout_s > cfg.lease_s:
+            # the lease could end before the answer arrives, and then another submitter may
+            # send the same key at the same moment: give it back instead
+            await self._release(intent, 0.0)
+            return None
+        self.stats.posts += 1
+        try:
+            answer = await self.creator.create_video(intent.payload, intent.key)
+        except Exception as exc:  # the client promises answers; be safe anyway
+            log.exception("intent %s: create call raised", intent.key)
+            answer = HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
+                                detail=type(exc).__name__)
+        decision = decide_submit(intent, answer, self._clock(), cfg.policy, self._rng)
+        if isinstance(decision, AuthPause):
+            delay = self._pause_for_auth(decision)
+            await self._release(intent, delay)
+            return decision
+        if self._auth_failures:
+            log.warning("Sume accepts the API key again; submitting resumes")
+            self._auth_failures = 0
+        await self._record(decision)
+        return decision
+
+    async def _record(self, outcome: SubmitOutcome) -> None:
+        """Write the outcome, retrying through a database outage.
+
+        A 202 lives only in memory until this commits; if the process dies first, the intent
+        comes due again when its lease ends and the same key brings back the same job.
+        """
+        failures = 0
+        while True:
+            try:
+                landed = await self.store.record_submit(outcome, self.config.first_poll_s)
+                break
+            except DatabaseUnavailable as exc:
+                failures += 1
+                self.stats.db_errors += 1
+                if self._stopping.is_set() and failures > 3:
+                    log.error("intent %s: could not record %s (job %s) before stopping: %s; "
+                              "it is sent again with the same key once its lease ends",
+                              outcome.key, outcome.state, outcome.job_id, exc)
+                    return
+                await asyncio.sleep(backoff_delay(failures, self.config.policy, self._rng,
+                                                  DB_BACKOFF_MAX_S))
+        if not landed:
+            self.stats.fenced_out += 1
+            log.warning("intent %s: outcome dropped, another submitter owns it now (its answer "
+                        "for the same key is the same)", outcome.key)
+            return
+        self._count(outcome)
+
+    def _count(self, outcome: SubmitOutcome) -> None:
+        if outcome.state == SUBMITTED:
+            self.stats.submitted += 1
+            self._credit_failures = 0
+            log.info("intent %s submitted: job %s", outcome.key, outcome.job_id)
+        elif outcome.state == REJECTED:
+            self.stats.rejected += 1
+            log.error("intent %s rejected by Sume: HTTP %s %s: %s (request_id=%s); "
+                      "`vidpoll intents retry KEY` sends it again", outcome.key,
+                      outcome.http_status, outcome.error_code, outcome.error_message,
+                      outcome.request_id)
+            if outcome.http_status == 402:
+                self._pause_for_credits()
+        else:
+            assert outcome.state == QUEUED and outcome.error_class is not None
+            name = outcome.error_class.value
+            self.stats.retries[name] = self.stats.retries.get(name, 0) + 1
+            log.info("intent %s: outcome unknown (%s); sent again with the same key in %.1fs",
+                     outcome.key, outcome.error, outcome.delay_s)
+
+    async def _release(self, intent: ClaimedIntent, delay_s: float) -> None:
+        self.stats.released += 1
+        # nothing was sent; if the database is down the lease ends and it is due again anyway
+        with contextlib.suppress(DatabaseUnavailable):
+            await self.store.release_intent(intent, delay_s)
+
+    def _pause_for_auth(self, pause: AuthPause) -> float:
+        loop = asyncio.get_running_loop()
+        if self._paused_until <= loop.time():
+            self._auth_failures += 1
+            delay = auth_pause_delay(self._auth_failures, self.config.policy, self._rng)
+            self._paused_until = loop.time() + delay
+            log.error("Sume rejected the API key on submit (%s); submitting paused for %.0fs, "
+                      "intents stay queued. Check SUME_API_KEY.", pause.detail, delay)
+        return max(0.0, self._paused_until - loop.time())
+
+    def _pause_for_credits(self) -> None:
+        # the next intents would most likely be refused too; each refusal is final, so pause
+        # instead of turning a whole queue into rejections
+        loop = asyncio.get_running_loop()
+        self._credit_failures += 1
+        delay = auth_pause_delay(self._credit_failures, self.config.policy, self._rng)
+        self._paused_until = max(self._paused_until, loop.time() + delay)
+        log.error("Sume reports insufficient credits; submitting paused for %.0fs", delay)
+
+    # -- wake-ups -------------------------------------------------------------------------
+    async def _listener(self) -> None:
+        """New or re-queued intents and finished jobs (a free slot) wake the loop. A hint."""
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                async for _ in self.store.notifications(WAKE_CHANNELS):
+                    failures = 0
+                    self._wake.set()
+                    if not self.listening:
+                        self.listening = True
+                        await self.signals.pulse()
+            except Exception as exc:
+                self.listening = False
+                failures += 1
+                log.debug("submitter listener lost its connection (%s); retrying", exc)
+                await asyncio.sleep(backoff_delay(failures, self.config.policy, self._rng,
+                                                  DB_BACKOFF_MAX_S))
+
+
+async def submit_now(store: IntentStore, creator: VideoCreator, config: SubmitterConfig,
+                     key: str) -> SubmitOutcome | AuthPause | None:
+    """Claim one intent by key (if its turn has come under the cap) and send it once.
+
+    Returns the recorded outcome, an AuthPause, or None if it could not be claimed now (the
+    cap is reached, intents are ahead of it, or it is not due); it then stays queued for a
+    running worker.
+    """
+    claimed = await store.claim_intents(1, config.lease_s, config.worker_id, config.max_active,
+                                        key=key)
+    if not claimed:
+        return None
+    submitter = Submitter(store, creator, config)
+    return await submitter.send(claimed[0], asyncio.get_running_loop().time())
