@@ -25,6 +25,7 @@ from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.policy import PollPolicy
 from vidpoll.store import PgStore, migrate
 from vidpoll.sume import SumeClient
+from vidpoll.submitter import Submitter, SubmitterConfig
 from vidpoll.worker import Worker, WorkerConfig
 
 API_KEY = "sk-test-7f3a9c1e-secret"
@@ -139,8 +140,24 @@ def make_worker(store: PgStore, client: SumeClient) -> Callable[..., Worker]:
     return build
 
 
-async def run_until(worker: Worker, predicate: Callable[[], bool], within_s: float = 10.0
-                    ) -> None:
+@pytest.fixture
+def make_submitter(store: PgStore, client: SumeClient) -> Callable[..., Submitter]:
+    """Build a submitter on this test's store and client; keyword args go to SubmitterConfig."""
+
+    def build(**kwargs: Any) -> Submitter:
+        kwargs.setdefault("policy", FAST_POLICY)
+        kwargs.setdefault("lease_s", 5.0)
+        kwargs.setdefault("http_timeout_s", 1.0)
+        kwargs.setdefault("first_poll_s", 0.0)
+        kwargs.setdefault("max_active", None)
+        return Submitter(kwargs.pop("store", store), kwargs.pop("creator", client),
+                         SubmitterConfig(**kwargs))
+
+    return build
+
+
+async def run_until(worker: Worker | Submitter, predicate: Callable[[], bool],
+                    within_s: float = 10.0) -> None:
     """Run `worker` until `predicate()` holds (checked on its signals), then stop it."""
     task = asyncio.create_task(worker.run())
     try:

@@ -18,6 +18,7 @@ import random
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -102,6 +103,7 @@ class FakeSume:
         self.concurrency_refusals = 0
         self.create_script: dict[str, list[str]] = {}
         self.payloads: dict[str, Any] = {}
+        self.on_create: Callable[[str | None], Awaitable[None]] | None = None
 
     # -- test helpers -------------------------------------------------------------------
     def add_job(self, job_id: str | None = None, *, outcome: str | None = None,
@@ -205,6 +207,8 @@ class FakeSume:
             self.answers[202] += 1
             job_id = self.by_key[key]
             return web.json_response({"job_id": job_id, "status": "queued"}, status=202)
+        if self.on_create is not None:
+            await self.on_create(key)  # tests: look at the database before anything is billed
         fault = self._create_fault(key)
         if fault == "5xx":
             return self._error(500, "internal_error", "something broke")

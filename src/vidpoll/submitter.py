@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from vidpoll.config import DEFAULT_FIRST_POLL_S, DEFAULT_MAX_ACTIVE
-from vidpoll.errors import DatabaseUnavailable
+from vidpoll.errors import ConfigError, DatabaseUnavailable
 from vidpoll.models import (
     QUEUED,
     REJECTED,
@@ -96,6 +96,12 @@ class SubmitterConfig:
     idle_max_s: float = IDLE_MAX_S
     policy: PollPolicy = field(default_factory=PollPolicy)
     worker_id: str = field(default_factory=default_worker_id)
+
+    def __post_init__(self) -> None:
+        if self.lease_s <= self.http_timeout_s:
+            raise ConfigError(f"the lease ({self.lease_s:g}s) must be longer than the HTTP "
+                              f"timeout ({self.http_timeout_s:g}s), or no POST could be sent "
+                              "within its lease")
 
 
 @dataclass(slots=True)
