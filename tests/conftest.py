@@ -24,8 +24,8 @@ from vidpoll.embedded import start_embedded
 from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.policy import PollPolicy
 from vidpoll.store import PgStore, migrate
-from vidpoll.sume import SumeClient
 from vidpoll.submitter import Submitter, SubmitterConfig
+from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig
 
 API_KEY = "sk-test-7f3a9c1e-secret"

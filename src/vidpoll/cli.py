@@ -152,16 +152,18 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
         batch_size=batch_size, lock_lanes=db_connections - 1, drain=drain,
         drain_waits_for_intents=not poll_only, listen=not no_listen, policy=settings.policy,
         worker_id=worker_id)
-    try:
-        submit_config = SubmitterConfig(
-            concurrency=submit_concurrency,
-            max_active=max_active if max_active is not None else settings.max_active,
-            lease_s=lease_s, http_timeout_s=settings.http_timeout_s,
-            first_poll_s=settings.first_poll_s, drain=drain, listen=not no_listen,
-            policy=settings.policy, worker_id=worker_id)
-    except ConfigError as exc:
-        click.echo(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)", err=True)
-        sys.exit(2)
+    submit_config: SubmitterConfig | None = None
+    if not poll_only:
+        try:
+            submit_config = SubmitterConfig(
+                concurrency=submit_concurrency,
+                max_active=max_active if max_active is not None else settings.max_active,
+                lease_s=lease_s, http_timeout_s=settings.http_timeout_s,
+                first_poll_s=settings.first_poll_s, drain=drain, listen=not no_listen,
+                policy=settings.policy, worker_id=worker_id)
+        except ConfigError as exc:
+            click.echo(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)", err=True)
+            sys.exit(2)
 
     async def go() -> None:
         store = await _open_store(settings, db_connections)
@@ -172,7 +174,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                 parts: list[Worker | Submitter] = []
                 if not submit_only:
                     parts.append(Worker(store, client, poll_config))
-                if not poll_only:
+                if submit_config is not None:
                     parts.append(Submitter(store, client, submit_config))
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGTERM, signal.SIGINT):

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
-from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -19,12 +17,14 @@ from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.models import ClaimMode
 from vidpoll.policy import PollPolicy
 from vidpoll.store import PgStore, drop_database, migrate
+from vidpoll.submitter import Submitter, SubmitterConfig
 from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig
 
 DEMO_DATABASE = "vidpoll_demo"
 DEMO_KEY = "sk-demo-not-a-real-key"
 TIME_LIMIT_S = 100.0
+MAX_ACTIVE = 20
 
 
 def _fake_config() -> FakeConfig:
@@ -35,17 +35,24 @@ def _fake_config() -> FakeConfig:
                                     "expired": 0.05},
                       fail_5xx=0.04, rate_429=0.03, unavailable_503=0.02, retry_after_s=2,
                       malformed=0.02, html=0.02, hang=0.01, hang_s=6.0, not_found_for_s=1.0,
-                      uppercase=True, seed=7)
+                      uppercase=True, create_lose_reply=0.08, create_5xx_billed=0.08,
+                      create_fail_5xx=0.05, create_rate_429=0.05, max_concurrent=MAX_ACTIVE,
+                      seed=7)
 
 
-def _view(counts: dict[str, int], workers: list[Worker], fake: FakeSume, started: float,
-          n_jobs: int) -> Group:
+def _view(counts: dict[str, int], intents: dict[str, int], workers: list[Worker],
+          submitters: list[Submitter], fake: FakeSume, started: float, n_jobs: int) -> Group:
     elapsed = time.monotonic() - started
     states = Table(title="video_jobs by state", expand=False)
     states.add_column("state")
     states.add_column("rows", justify="right")
     for state, n in sorted(counts.items()):
         states.add_row(state, str(n))
+    sent = Table(title="video_intents by state", expand=False)
+    sent.add_column("state")
+    sent.add_column("rows", justify="right")
+    for state, n in sorted(intents.items()):
+        sent.add_row(state, str(n))
     per = Table(title="workers", expand=False)
     for col in ("worker", "mode", "reads", "not ready", "finished", "errors by class"):
         per.add_column(col)
@@ -54,11 +61,17 @@ def _view(counts: dict[str, int], workers: list[Worker], fake: FakeSume, started
         per.add_row(w.config.worker_id, w.config.claim_mode.value, str(w.stats.reads),
                     str(w.stats.not_ready), str(w.stats.finished), errs)
     reads = sum(w.stats.reads for w in workers)
+    retries: dict[str, int] = {}
+    for sub in submitters:
+        for k, v in sub.stats.retries.items():
+            retries[k] = retries.get(k, 0) + v
     done = sum(n for s, n in counts.items() if s != "pending")
     head = (f"{done}/{n_jobs} jobs finished · {reads} status reads · "
-            f"{reads / max(elapsed, 1e-9):.1f} reads/s · {elapsed:.0f}s elapsed · "
-            f"fake Sume billed {fake.billed} renders for {fake.creates} POSTs")
-    return Group(Panel(head, title="vidpoll demo"), states, per)
+            f"{reads / max(elapsed, 1e-9):.1f} reads/s · {elapsed:.0f}s elapsed\n"
+            f"fake Sume billed {fake.billed} renders for {fake.creates} POSTs "
+            f"(replays after unknown outcomes: {retries or 'none yet'}); "
+            f"renders running at Sume: {fake.running()} (cap {MAX_ACTIVE})")
+    return Group(Panel(head, title="vidpoll demo"), states, sent, per)
 
 
 async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
@@ -75,57 +88,64 @@ async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
     store = await PgStore.open(url, max_size=2 + n_workers * 2)
     started = time.monotonic()
     workers: list[Worker] = []
+    submitters: list[Submitter] = []
     try:
+        for i in range(n_jobs):
+            await store.add_intent(f"demo-{uuid.uuid4()}", {"prompt": f"a lighthouse, take {i}"})
+        console.print(f"recorded {n_jobs} submission intents (each with its own Idempotency-Key)"
+                      f"; workers send them, at most {MAX_ACTIVE} renders at once")
         async with SumeClient(base_url, DEMO_KEY, timeout_s=3.0) as client:
-            await _submit(client, store, n_jobs, console)
             policy = PollPolicy(backoff_base_s=1.0, backoff_max_s=8.0)
             workers = [Worker(store, client, WorkerConfig(
-                concurrency=10, drain=True, lease_s=8.0, batch_size=10,
+                concurrency=10, drain=True, drain_waits_for_intents=True, lease_s=8.0,
+                batch_size=10,
                 claim_mode=ClaimMode.LOCK if i == n_workers - 1 and i else ClaimMode.LEASE,
                 worker_id=f"demo-{i + 1}", policy=policy)) for i in range(n_workers)]
-            tasks = [asyncio.create_task(w.run()) for w in workers]
+            submitters = [Submitter(store, client, SubmitterConfig(
+                concurrency=4, max_active=MAX_ACTIVE, lease_s=8.0, http_timeout_s=3.0,
+                first_poll_s=1.0, drain=True, worker_id=f"demo-{i + 1}", policy=policy))
+                for i in range(n_workers)]
+            parts: list[Worker | Submitter] = [*workers, *submitters]
+            tasks = [asyncio.create_task(p.run()) for p in parts]
+
+            async def view() -> Group:
+                return _view(await store.counts(), await store.intent_counts(), workers,
+                             submitters, fake, started, n_jobs)
+
             with Live(console=console, refresh_per_second=4) as live:
                 while not all(t.done() for t in tasks):
                     if time.monotonic() - started > TIME_LIMIT_S:
-                        for w in workers:
-                            w.stop()
-                    live.update(_view(await store.counts(), workers, fake, started, n_jobs))
+                        for p in parts:
+                            p.stop()
+                    live.update(await view())
                     await asyncio.wait(tasks, timeout=0.25)
-                live.update(_view(await store.counts(), workers, fake, started, n_jobs))
+                live.update(await view())
             for task in tasks:
                 task.result()
         counts = await store.counts()
     finally:
         await store.close()
         await runner.cleanup()
-    _summary(console, counts, workers, fake, started)
-
-
-async def _submit(client: SumeClient, store: PgStore, n_jobs: int, console: Console) -> None:
-    """The seed's submit step: POST with our Idempotency-Key, insert the row right after 202."""
-    for _ in range(n_jobs):
-        key = str(uuid.uuid4())
-        while True:
-            answer = await client.create_video({"prompt": "a lighthouse at dawn"}, key)
-            if answer.status == 202:
-                break
-            await asyncio.sleep(0.2)  # same key on retry: never a second render
-        body: dict[str, Any] = json.loads(answer.body)
-        await store.add_job(body["job_id"], delay_s=1.0)
-    console.print(f"submitted {n_jobs} renders (each POST carried its own Idempotency-Key)")
+    _summary(console, counts, workers, fake, started, n_jobs)
 
 
 def _summary(console: Console, counts: dict[str, int], workers: list[Worker], fake: FakeSume,
-             started: float) -> None:
+             started: float, n_jobs: int) -> None:
     elapsed = time.monotonic() - started
     reads = sum(w.stats.reads for w in workers)
     errors: dict[str, int] = {}
     for w in workers:
         for k, v in w.stats.errors.items():
             errors[k] = errors.get(k, 0) + v
+    stats = fake.stats()
     console.print(f"\n[bold]summary[/bold]: {dict(sorted(counts.items()))} in {elapsed:.1f}s; "
                   f"{reads} status reads, errors handled: {errors or 'none'}; "
                   f"overlapping reads of one job seen by the fake: {fake.overlaps}; "
-                  f"renders billed: {fake.billed}")
-    if counts.get("pending"):
-        raise SystemExit(f"demo ended with {counts['pending']} jobs still pending")
+                  f"{fake.creates} POSTs, renders billed: {fake.billed} for {n_jobs} intents "
+                  f"(keys billed twice: {stats['keys_billed_twice']}); peak renders running: "
+                  f"{stats['max_running_seen']} (cap {MAX_ACTIVE})")
+    if counts.get("pending") or sum(counts.values()) < n_jobs:
+        raise SystemExit(f"demo ended with {n_jobs - sum(counts.values())} intents unsent and "
+                         f"{counts.get('pending', 0)} jobs still pending")
+    if fake.billed != n_jobs or stats["keys_billed_twice"]:
+        raise SystemExit("a render was billed twice: this is a bug, please report it")

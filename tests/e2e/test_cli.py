@@ -72,10 +72,19 @@ def test_embedded_path_end_to_end(new_user_env):
         assert again.returncode == 0 and "up to date" in again.stdout
         added = vidpoll(env, "jobs", "add", "--delay", "0", "e2e-1", "e2e/2", "e2e?3")
         assert added.returncode == 0 and "added 3" in added.stdout, added.stderr
+        env["VIDPOLL_FIRST_POLL_S"] = "0"
+        sent = vidpoll(env, "submit", "--prompt", "a heron", "--key", "e2e-key-1")
+        assert sent.returncode == 0 and sent.stdout.startswith("vid_"), sent.stderr
+        queued = vidpoll(env, "submit", "--prompt", "a crane", "--queue-only")
+        assert queued.returncode == 0 and "queued" in queued.stdout, queued.stderr
         run = vidpoll(env, "worker", "--drain", "--concurrency", "5")
         assert run.returncode == 0, run.stderr
         stats = vidpoll(env, "jobs", "stats", "--json")
-        assert json.loads(stats.stdout)["states"] == {"completed": 3}
+        assert json.loads(stats.stdout)["states"] == {"completed": 5}
+        intents = json.loads(vidpoll(env, "intents", "stats", "--json").stdout)
+        assert intents["states"] == {"submitted": 2}
+        linked = json.loads(vidpoll(env, "intents", "show", "e2e-key-1").stdout)
+        assert linked["job_id"] == sent.stdout.strip()
         shown = json.loads(vidpoll(env, "jobs", "show", "e2e/2").stdout)
         assert shown["state"] == "completed" and shown["provider_status"] == "completed"
         assert KEY not in run.stderr + stats.stderr + first.stderr
@@ -86,7 +95,7 @@ def test_embedded_path_end_to_end(new_user_env):
         empty = vidpoll(env, "jobs", "add", "")
         assert empty.returncode == 6 and "non-empty" in empty.stderr
         assert json.loads(vidpoll(env, "jobs", "stats", "--json").stdout)["states"] == {
-            "completed": 3}
+            "completed": 5}
     finally:
         fake.terminate()
         fake.wait(10)
@@ -98,7 +107,9 @@ def test_demo_runs_to_completion(new_user_env):
     assert result.returncode == 0, result.stderr + result.stdout
     assert "summary" in result.stdout
     assert "'pending'" not in result.stdout.split("summary")[-1]
-    assert "overlapping reads of one job seen by the fake: 0" in " ".join(result.stdout.split())
+    summary = " ".join(result.stdout.split())
+    assert "overlapping reads of one job seen by the fake: 0" in summary
+    assert "renders billed: 12 for 12 intents (keys billed twice: 0)" in summary
 
 
 def test_dead_database_url_is_a_clear_error(new_user_env):

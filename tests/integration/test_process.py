@@ -55,7 +55,7 @@ async def test_kill_9_mid_batch_loses_nothing(store, fake, fake_url, db_url, mak
     ids = await seed_jobs(store, fake, 20)
     fake.config.latency_s = 30.0  # every read hangs in flight until the process dies
     proc = await spawn_worker(cli_env(db_url, fake_url), "--claim", mode, "--concurrency", "50",
-                              "--lease-seconds", "2")
+                              "--lease-seconds", "2", "--poll-only")
     try:
         await wait_for(lambda: sum(fake.in_flight.values()) == len(ids), 20,
                        "the worker should have every row in flight")
@@ -120,6 +120,12 @@ async def test_worker_on_unmigrated_database_says_run_migrate(empty_db, fake_url
     proc = await spawn_worker(cli_env(empty_db, fake_url), "--drain")
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 4 and b"vidpoll migrate" in err
+
+
+async def test_a_lease_too_short_to_submit_is_refused(db_url, fake_url):
+    proc = await spawn_worker(cli_env(db_url, fake_url), "--lease-seconds", "2")
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2 and b"must be longer than the HTTP timeout" in err
 
 
 async def test_bad_setting_is_named(db_url, fake_url):

@@ -1,0 +1,111 @@
+"""The Python API: the README's example as written, and wait() on NOTIFY and without it."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import vidpoll.api
+from vidpoll import IntentRejected, Vidpoll
+from vidpoll.config import Settings
+
+from ..conftest import API_KEY
+
+
+def readme_example(repo_root: Path) -> str:
+    text = (repo_root / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    example = next(b for b in blocks if "Vidpoll.open()" in b)
+    # the example ends with asyncio.run(main()); here the test's loop runs main() itself
+    assert example.rstrip().endswith("asyncio.run(main())")
+    return example.rstrip().removesuffix("asyncio.run(main())")
+
+
+async def test_the_readme_example_runs(repo_root, monkeypatch, capsys, store, fake, fake_url,
+                                       db_url, make_worker):
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.setenv("SUME_BASE_URL", fake_url)
+    monkeypatch.setenv("SUME_API_KEY", API_KEY)
+    monkeypatch.setenv("VIDPOLL_FIRST_POLL_S", "0.05")
+    namespace: dict[str, Any] = {}
+    exec(readme_example(repo_root), namespace)  # the README's own code, unchanged
+    # a poller only: with a submitter beside it, either could send first
+    poller = make_worker()
+    task = asyncio.create_task(poller.run())
+    try:
+        await asyncio.wait_for(namespace["main"](), 30)
+    finally:
+        poller.stop()
+        await task
+    job_id = fake.by_key["order-1234-clip-1"]
+    assert capsys.readouterr().out.splitlines() == [f"submitted {job_id}",
+                                                    f"{job_id} completed"]
+    assert fake.billed == 1
+
+
+@pytest.fixture
+async def vp(db_url, fake_url):
+    settings = Settings.from_env({"DATABASE_URL": db_url, "SUME_BASE_URL": fake_url,
+                                  "SUME_API_KEY": API_KEY})
+    async with await Vidpoll.open(settings=settings) as handle:
+        yield handle
+
+
+async def finish(db_url: str, job_id: str, state: str = "completed") -> None:
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute("UPDATE video_jobs SET state = %s WHERE job_id = %s", (state, job_id))
+
+
+async def test_wait_wakes_on_notify(vp, store, db_url, monkeypatch):
+    monkeypatch.setattr(vidpoll.api, "WAIT_FALLBACK_S", 60.0)  # only a NOTIFY can wake it
+    await store.add_job("j1")
+    waiter = asyncio.create_task(vp.wait("j1", timeout=20))
+    await asyncio.sleep(0.3)  # let it read the row once and start waiting
+    assert not waiter.done()
+    await finish(db_url, "j1")
+    job = await asyncio.wait_for(waiter, 10)
+    assert job.state == "completed" and job.finished_at is None  # set by hand, not by a worker
+
+
+async def test_wait_falls_back_to_reading_when_a_notify_is_missed(vp, store, db_url,
+                                                                  monkeypatch):
+    monkeypatch.setattr(vidpoll.api, "WAIT_FALLBACK_S", 0.1)
+    await store.add_job("j1")
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute("ALTER TABLE video_jobs DISABLE TRIGGER vidpoll_jobs_done")
+    waiter = asyncio.create_task(vp.wait("j1", timeout=20))
+    await asyncio.sleep(0.3)
+    await finish(db_url, "j1", "failed")
+    job = await asyncio.wait_for(waiter, 10)
+    assert job.state == "failed"
+
+
+async def test_wait_errors(vp, store):
+    await store.add_job("j1")
+    with pytest.raises(TimeoutError):
+        await vp.wait("j1", timeout=0.3)
+    with pytest.raises(LookupError):
+        await vp.wait("nope", timeout=5)
+    with pytest.raises(LookupError):
+        await vp.wait(key="nope", timeout=5)
+
+
+async def test_submit_raises_on_rejection_and_wait_too(vp, fake):
+    with pytest.raises(IntentRejected) as info:
+        await vp.submit({"prompt": ""}, key="bad")
+    assert info.value.code == "invalid_request"
+    with pytest.raises(IntentRejected):
+        await vp.wait(key="bad", timeout=5)
+    again = await vp.intent("bad")
+    assert again is not None and again.state == "rejected"
+
+
+async def test_submit_without_sending(vp, fake):
+    sub = await vp.submit({"prompt": "x"}, send_now=False)
+    assert sub.state == "queued" and sub.new and fake.creates == 0
+    assert sub.reason is not None and "worker" in sub.reason
