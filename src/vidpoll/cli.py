@@ -209,6 +209,16 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
 @click.option("--auto-create", is_flag=True, help="Treat unknown job ids as new jobs.")
 @click.option("--terminal-mix", default="completed=1",
               help="e.g. completed=0.8,failed=0.1,canceled=0.05,expired=0.05")
+@click.option("--create-lose-reply", default=0.0, type=float,
+              help="Share of creates billed, then never answered (lost reply).")
+@click.option("--create-5xx-billed", default=0.0, type=float,
+              help="Share of creates billed, then answered 500.")
+@click.option("--create-fail-5xx", default=0.0, type=float,
+              help="Share of creates answered 500 before billing.")
+@click.option("--create-rate-429", default=0.0, type=float, help="Share of creates answered 429.")
+@click.option("--credits", type=int, help="Renders the account can pay for; then 402.")
+@click.option("--max-concurrent", type=int,
+              help="Renders that may run at once; then 429 concurrency_limit_exceeded.")
 @click.option("--seed", type=int)
 def fake_sume_cmd(host: str, port: int, api_key: str, latency_ms: float, **opts: Any) -> None:
     """Run the bundled fake Sume (tests, demo, benchmarks)."""

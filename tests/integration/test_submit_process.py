@@ -63,7 +63,8 @@ async def test_kill_9_between_the_post_and_the_commit_bills_once(store, fake, fa
         intent = await store.get_intent(key)
         assert intent is not None and intent.state == "queued" and intent.attempts == 1
 
-    # 2. random kill -9s while every kind of create fault happens
+    # 2. two processes at a time, killed -9 at random moments, while every kind of create
+    # fault happens
     fake.config.create_lose_reply = 0.15
     fake.config.hang_s = 3.0
     fake.config.create_5xx_billed = 0.15
@@ -72,18 +73,22 @@ async def test_kill_9_between_the_post_and_the_commit_bills_once(store, fake, fa
     fake.config.retry_after_s = 0.2
     rng = random.Random(3)
     for _ in range(3):
-        proc = await spawn_worker(env, *args)
+        procs = [await spawn_worker(env, *args) for _ in range(2)]
         await asyncio.sleep(rng.uniform(0.5, 1.5))
-        proc.kill()
-        await proc.wait()
+        for proc in procs:
+            proc.kill()
+            await proc.wait()
 
-    # 3. a last worker drains the queue
-    proc = await spawn_worker(env, *args, "--drain")
-    _, err = await asyncio.wait_for(proc.communicate(), 90)
-    assert proc.returncode == 0, err.decode()[-2000:]
-    figures = {"intents": n, "clips_billed": fake.billed, "posts": sum(fake.posts_by_key.values()),
+    # 3. two last workers drain the queue
+    procs = [await spawn_worker(env, *args, "--drain") for _ in range(2)]
+    for proc in procs:
+        _, err = await asyncio.wait_for(proc.communicate(), 90)
+        assert proc.returncode == 0, err.decode()[-2000:]
+    figures = {"intents": n, "clips_billed": fake.billed,
+               "posts": sum(fake.posts_by_key.values()),
                "keys_billed_twice": sum(1 for k in keys if fake.billed_by_key[k] > 1),
-               "job_rows": sum((await store.counts()).values())}
+               "job_rows": sum((await store.counts()).values()),
+               "overlapping_posts_of_one_key": fake.create_overlaps}
     print(f"\ncrash test figures: {json.dumps(figures)}")
     assert fake.billed == n and all(fake.billed_by_key[k] == 1 for k in keys)
     assert figures["job_rows"] == n
