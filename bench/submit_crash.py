@@ -78,7 +78,8 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, object]:
     finally:
         await store.close()
         await runner.cleanup()
-    return {"intents": args.intents, "kills": 2 * args.rounds, "billed_unrecorded_after_kill": unrecorded,
+    return {"intents": args.intents, "kills": 2 * args.rounds,
+            "billed_unrecorded_after_kill": unrecorded,
             "posts": sum(fake.posts_by_key.values()), "clips_billed": fake.billed,
             "clips_billed_per_intent": round(fake.billed / args.intents, 4),
             "keys_billed_twice": sum(1 for k in keys if fake.billed_by_key[k] > 1),
