@@ -87,15 +87,34 @@ class Vidpoll:
 
         `key` defaults to a new UUID; the same key again returns the existing intent (and
         raises KeyConflict if the payload differs). Raises IntentRejected if Sume refused it.
-        The admission cap is `settings.max_active` (VIDPOLL_MAX_ACTIVE).
+        The admission cap is `settings.max_active` (VIDPOLL_MAX_ACTIVE). An error raised after
+        the intent was committed carries a note with its key: submit again with that key.
         """
+        if send_now:
+            self.settings.require_api_key()  # before recording: nothing no one could send
+        sub = await self.record(payload, key=key, priority=priority)
+        if not (sub.new and send_now):
+            return sub
+        try:
+            sent = await self.send(sub.key)
+        except BaseException as exc:
+            exc.add_note(f"the intent is recorded under key {sub.key!r}; submit again with "
+                         "that key (or let a worker send it), never with a new one")
+            raise
+        return Submission(sent.intent, True, sent.reason)
+
+    async def record(self, payload: dict[str, Any], *, key: str | None = None,
+                     priority: int = 0) -> Submission:
+        """Record an intent without sending it (a running worker sends it)."""
         key = key or str(uuid.uuid4())
         intent, new = await self.store.add_intent(key, payload, priority)
         if intent.state == REJECTED:
             raise IntentRejected(key, intent.error_code, intent.error_message)
-        if not (new and send_now):
-            reason = None if intent.state != QUEUED else await self.queued_reason(key)
-            return Submission(intent, new, reason)
+        reason = None if intent.state != QUEUED else await self.queued_reason(key)
+        return Submission(intent, new, reason)
+
+    async def send(self, key: str) -> Submission:
+        """Try the POST of a recorded intent once, if its turn has come under the cap."""
         api_key = self.settings.require_api_key()
         cap = self.settings.max_active
         config = SubmitterConfig(concurrency=1, max_active=cap,
@@ -106,13 +125,15 @@ class Vidpoll:
         async with SumeClient(self.settings.sume_base_url, api_key,
                               timeout_s=self.settings.http_timeout_s) as client:
             result = await submit_now(self.store, client, config, key)
-        intent = await self.store.get_intent(key) or intent
+        intent = await self.store.get_intent(key)
+        if intent is None:
+            raise LookupError(f"no intent with key {key!r}")
         if intent.state == REJECTED:
             raise IntentRejected(key, intent.error_code, intent.error_message)
         reason = None
         if intent.state == QUEUED:
             reason = await self._why_queued(key, result, cap)
-        return Submission(intent, new, reason)
+        return Submission(intent, False, reason)
 
     async def queued_reason(self, key: str) -> str:
         """A sentence on why an intent is still queued."""

@@ -48,8 +48,9 @@ class BadLine:
 class KeyDeriver:
     """Turns lines into keys; keeps the count of identical lines seen so far in the file."""
 
-    def __init__(self, prefix: str = "") -> None:
+    def __init__(self, prefix: str = "", default_priority: int = 0) -> None:
         self.prefix = prefix
+        self.default_priority = default_priority
         self._seen: Counter[str] = Counter()
 
     def parse(self, line_no: int, text: str) -> BulkLine | BadLine | None:
@@ -68,7 +69,7 @@ class KeyDeriver:
             return BadLine(line_no, str(exc))
 
     def _line(self, line_no: int, obj: dict[str, Any]) -> BulkLine:
-        priority = obj.get("priority", 0)
+        priority = obj.get("priority", self.default_priority)
         if isinstance(priority, bool) or not isinstance(priority, int) or not (
                 -2**31 <= priority < 2**31):
             raise InvalidIntent("'priority' must be a 32-bit integer")
@@ -76,7 +77,7 @@ class KeyDeriver:
             payload = obj["payload"]
         else:
             payload = {k: v for k, v in obj.items() if k not in RESERVED_FIELDS}
-        validate_payload(payload)
+        payload = validate_payload(payload)
         if "key" in obj:
             key = obj["key"]
             if not isinstance(key, str):

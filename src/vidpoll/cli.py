@@ -52,6 +52,9 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     except VidpollError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(next((c for t, c in EXIT_CODES.items() if isinstance(exc, t)), 1))
+    except LookupError as exc:
+        click.echo(f"error: {exc.args[0] if exc.args else exc}", err=True)
+        sys.exit(1)
 
 
 def _settings() -> Settings:
@@ -327,7 +330,8 @@ def _json_default(value: Any) -> Any:
 @click.option("--key", help="Idempotency-Key to use [default: a new UUID]. The same key "
                             "again returns the existing intent, never a second render.")
 @click.option("--priority", default=0, show_default=True, type=click.IntRange(-2**31, 2**31 - 1),
-              help="Higher goes first; first in first out within a priority.")
+              help="Higher goes first; first in first out within a priority (with --file: "
+                   "for lines without one).")
 @click.option("--file", "bulk_file", type=click.File("r"), metavar="FILE|-",
               help="Record one intent per JSON line (resumable: keys are stable per line); "
                    "a running `vidpoll worker` sends them.")
@@ -351,9 +355,10 @@ def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, ke
     """
     settings = _settings()
     if bulk_file is not None:
-        if prompt or params or json_source or key or wait_:
-            raise click.UsageError("--file takes no --prompt/--param/--json/--key/--wait")
-        _submit_file(settings, bulk_file, key_prefix)
+        if prompt or params or json_source or key or wait_ or max_active or as_json:
+            raise click.UsageError("--file takes no --prompt/--param/--json/--key/--wait/"
+                                   "--max-active/--json-output (a worker sends its intents)")
+        _submit_file(settings, bulk_file, key_prefix, priority)
         return
     payload = _payload(prompt, params, json_source)
     if max_active is not None:
@@ -367,7 +372,13 @@ def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, ke
 
     async def go() -> tuple[Submission, str | None, bool]:
         async with await Vidpoll.open(settings=settings) as vp:
-            sub = await vp.submit(payload, key=key, priority=priority, send_now=not queue_only)
+            sub = await vp.record(payload, key=key, priority=priority)
+            if sub.new:
+                # said at once: if anything fails from here on, this key is how to try again
+                click.echo(f"recorded intent {sub.key}", err=True)
+                if not queue_only:
+                    sent = await vp.send(sub.key)
+                    sub = Submission(sent.intent, True, sent.reason)
             _report_submission(sub, as_json)
             if not wait_:
                 return sub, None, False
@@ -425,10 +436,10 @@ def _report_submission(sub: Submission, as_json: bool) -> None:
         click.echo(f"queued{again}: key {sub.key}: {sub.reason}")
 
 
-def _submit_file(settings: Settings, source: Any, prefix: str) -> None:
+def _submit_file(settings: Settings, source: Any, prefix: str, priority: int) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    deriver = KeyDeriver(prefix)
+    deriver = KeyDeriver(prefix, priority)
     bad: list[BadLine] = []
     conflicts: list[str] = []
     totals = {"new": 0, "seen": 0}

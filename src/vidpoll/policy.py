@@ -95,7 +95,10 @@ def validate_key(key: str) -> str:
 
 
 def validate_payload(payload: Any) -> dict[str, Any]:
-    """Return `payload` if it is a JSON object PostgreSQL's jsonb can hold; else raise."""
+    """`payload` as jsonb will give it back (tuples become lists, keys strings); else raise.
+
+    Comparing and storing this form means a re-run with the same request always matches.
+    """
     if not isinstance(payload, dict):
         raise InvalidIntent(f"payload must be a JSON object, not {type(payload).__name__}")
     try:
@@ -105,7 +108,8 @@ def validate_payload(payload: Any) -> dict[str, Any]:
         raise InvalidIntent(f"payload is not storable JSON: {exc}") from None
     if "\\u0000" in text:
         raise InvalidIntent("payload contains a NUL character, which jsonb cannot hold")
-    return payload
+    normal: dict[str, Any] = json.loads(text)
+    return normal
 
 
 def backoff_delay(attempt: int, policy: PollPolicy, rng: random.Random,

@@ -315,7 +315,7 @@ class PgStore:
         harmless); the same key with another payload raises KeyConflict.
         """
         validate_key(key)
-        validate_payload(payload)
+        payload = validate_payload(payload)
         row = await self._one("insert_intent", {"key": key, "payload": Jsonb(payload),
                                                 "priority": priority})
         intent = await self.get_intent(key)
@@ -329,22 +329,28 @@ class PgStore:
                           ) -> tuple[int, list[str]]:
         """Bulk-record (key, payload, priority) in one transaction.
 
-        Returns (how many were new, keys already recorded with a different payload). Keys and
-        payloads must have been validated by the caller.
+        Returns (how many were new, keys already recorded, or repeated in `items`, with a
+        different payload). Keys and payloads must have been validated by the caller.
         """
+        first: dict[str, tuple[str, dict[str, Any], int]] = {}
+        conflicts: list[str] = []
+        for item in items:
+            seen = first.setdefault(item[0], item)
+            if seen is not item and seen[1] != item[1]:
+                conflicts.append(item[0])  # one key, two requests, in the same batch
+        items = list(first.values())
         if not items:
-            return 0, []
+            return 0, conflicts
         async with _translate_errors(), self._pool.connection() as conn, conn.transaction():
             cur = await conn.execute(_q("insert_intents"), {
                 "keys": [k for k, _, _ in items], "payloads": [Jsonb(p) for _, p, _ in items],
                 "priorities": [pr for _, _, pr in items]})
             new = {r[0] for r in await cur.fetchall()}
             old = [k for k, _, _ in items if k not in new]
-            conflicts: list[str] = []
             if old:
                 cur = await conn.execute(_q("intent_payloads"), {"keys": old})
                 stored = dict(await cur.fetchall())
-                conflicts = [k for k, p, _ in items if k in stored and stored[k] != p]
+                conflicts += [k for k, p, _ in items if k in stored and stored[k] != p]
         return len(new), conflicts
 
     async def get_intent(self, key: str) -> Intent | None:

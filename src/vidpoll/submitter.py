@@ -48,6 +48,10 @@ RECHECK_S = 2.0
 """Sleep when intents are due but none could be claimed (all slots taken, or another
 submitter holds them); a finishing job's NOTIFY usually wakes the submitter sooner."""
 DB_BACKOFF_MAX_S = 30.0
+MIN_LEASE_MARGIN_S = 1.0
+"""A lease must outlast the HTTP timeout by at least this much."""
+RELEASE_DELAY_S = 1.0
+"""An intent given back unsent is due again after this long, never at once (no spinning)."""
 WAKE_CHANNELS = ("vidpoll_intents", "vidpoll_job_done")
 
 
@@ -98,10 +102,10 @@ class SubmitterConfig:
     worker_id: str = field(default_factory=default_worker_id)
 
     def __post_init__(self) -> None:
-        if self.lease_s <= self.http_timeout_s:
+        if self.lease_s < self.http_timeout_s + MIN_LEASE_MARGIN_S:
             raise ConfigError(f"the lease ({self.lease_s:g}s) must be longer than the HTTP "
-                              f"timeout ({self.http_timeout_s:g}s), or no POST could be sent "
-                              "within its lease")
+                              f"timeout ({self.http_timeout_s:g}s) by at least "
+                              f"{MIN_LEASE_MARGIN_S:g}s, or a POST could outlive its lease")
 
 
 @dataclass(slots=True)
@@ -183,12 +187,18 @@ class Submitter:
                 continue
             limit = 1 if (self._auth_failures or self._credit_failures) else free
             try:
+                # taken before the claim: the lease guard must count any wait inside it
+                claimed_at = loop.time()
                 intents = await self.store.claim_intents(limit, cfg.lease_s, cfg.worker_id,
                                                          cfg.max_active)
                 db_failures = 0
                 self.stats.claims += 1
+                if self._stopping.is_set():  # stop() arrived during the claim: give them back
+                    for intent in intents:
+                        await self._release(intent, 0.0)
+                    return
                 for intent in intents:
-                    self._spawn(intent)
+                    self._spawn(intent, claimed_at)
                 if len(intents) == limit and limit == free:
                     continue
                 delay = await self._idle_delay(len(intents))
@@ -226,9 +236,8 @@ class Submitter:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
 
-    def _spawn(self, intent: ClaimedIntent) -> None:
+    def _spawn(self, intent: ClaimedIntent, claimed_at: float) -> None:
         self._inflight += 1
-        claimed_at = asyncio.get_running_loop().time()
         task = asyncio.create_task(self._send_and_count(intent, claimed_at))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -257,7 +266,7 @@ class Submitter:
         if claimed_at is not None and loop.time() - claimed_at + cfg.http_timeout_s > cfg.lease_s:
             # the lease could end before the answer arrives, and then another submitter may
             # send the same key at the same moment: give it back instead
-            await self._release(intent, 0.0)
+            await self._release(intent, RELEASE_DELAY_S)
             return None
         self.stats.posts += 1
         try:
@@ -378,9 +387,10 @@ async def submit_now(store: IntentStore, creator: VideoCreator, config: Submitte
     cap is reached, intents are ahead of it, or it is not due); it then stays queued for a
     running worker.
     """
+    claimed_at = asyncio.get_running_loop().time()
     claimed = await store.claim_intents(1, config.lease_s, config.worker_id, config.max_active,
                                         key=key)
     if not claimed:
         return None
     submitter = Submitter(store, creator, config)
-    return await submitter.send(claimed[0], asyncio.get_running_loop().time())
+    return await submitter.send(claimed[0], claimed_at)

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 import vidpoll.api
-from vidpoll import IntentRejected, Vidpoll
+from vidpoll import ConfigError, DatabaseUnavailable, IntentRejected, Vidpoll
 from vidpoll.config import Settings
 
 from ..conftest import API_KEY
@@ -109,3 +109,24 @@ async def test_submit_without_sending(vp, fake):
     sub = await vp.submit({"prompt": "x"}, send_now=False)
     assert sub.state == "queued" and sub.new and fake.creates == 0
     assert sub.reason is not None and "worker" in sub.reason
+
+
+async def test_submit_without_an_api_key_records_nothing(db_url, fake_url, store):
+    settings = Settings.from_env({"DATABASE_URL": db_url, "SUME_BASE_URL": fake_url})
+    async with await Vidpoll.open(settings=settings) as handle:
+        with pytest.raises(ConfigError, match="SUME_API_KEY"):
+            await handle.submit({"prompt": "x"})
+    assert await store.intent_counts() == {}
+
+
+async def test_an_error_after_the_commit_names_the_key(vp, fake, monkeypatch):
+    async def database_went_away(*args: object, **kwargs: object) -> None:
+        raise DatabaseUnavailable("PostgreSQL is unavailable")
+
+    # the claim fails after the intent was committed (as a real outage between the two would)
+    monkeypatch.setattr(vidpoll.api, "submit_now", database_went_away)
+    with pytest.raises(DatabaseUnavailable) as info:
+        await vp.submit({"prompt": "x"}, key="order-7")
+    assert any("order-7" in note for note in info.value.__notes__)
+    intent = await vp.intent("order-7")
+    assert intent is not None and intent.state == "queued" and fake.creates == 0

@@ -12,7 +12,7 @@ import pytest
 from vidpoll.errors import ConfigError, InvalidIntent, KeyConflict
 from vidpoll.fake_sume import FakeSume
 from vidpoll.models import QUEUED, REJECTED, SUBMITTED, SubmitOutcome
-from vidpoll.policy import AuthPause
+from vidpoll.policy import AuthPause, PollPolicy
 from vidpoll.store import PgStore
 from vidpoll.submitter import Submitter, SubmitterConfig, submit_now
 from vidpoll.sume import SumeClient
@@ -104,8 +104,10 @@ async def test_rejections_are_final_until_retried_by_hand(store, fake, make_subm
     others = await queue(store, 5)
     sub = make_submitter()
     await run_until(sub, lambda: sub.stats.submitted == 5 and sub.stats.rejected == 1)
-    # keep it running a while longer: nothing is sent again
-    await run_until(sub, lambda: sub.stats.claims >= 3)
+    # a new submitter that looks at the queue every 50 ms: the rejected intent is not sent
+    sub = make_submitter(idle_max_s=0.05)
+    await run_until(sub, lambda: sub.stats.claims >= 5)
+    assert sub.stats.posts == 0
     assert fake.posts_by_key["bad"] == 1 and fake.billed_by_key["bad"] == 0
     bad = await store.get_intent("bad")
     assert bad is not None and bad.state == REJECTED and bad.last_http_status == 422
@@ -124,12 +126,20 @@ async def test_402_rejects_and_pauses_instead_of_rejecting_the_queue(store, fake
                                                                      make_submitter):
     fake.config.credits = 2
     keys = await queue(store, 6)
-    sub = make_submitter(concurrency=1)
-    await run_until(sub, lambda: sub.stats.rejected == 1)
-    await asyncio.sleep(0.3)  # the pause (backoff from 0.1 s) is longer than this
-    counts = await states(store)
-    assert counts == {"submitted": 2, "rejected": 1, "queued": 3}
-    rejected = [i for i in await store.list_intents(REJECTED)]
+    # a pause of 10-20 s after a 402: nothing else can be sent while this test looks
+    sub = make_submitter(concurrency=1, policy=PollPolicy(min_poll_s=0.05, backoff_base_s=20.0))
+    task = asyncio.create_task(sub.run())
+    try:
+        await sub.signals.wait_for(lambda: sub.stats.rejected == 1, 10)
+        # it keeps running, paused: checked on its own loop for a while, no second POST
+        with pytest.raises(TimeoutError):
+            await sub.signals.wait_for(lambda: sub.stats.posts > 3, 0.5)
+    finally:
+        sub.stop()
+        await task
+    assert sub.stats.posts == 3
+    assert await states(store) == {"submitted": 2, "rejected": 1, "queued": 3}
+    rejected = await store.list_intents(REJECTED)
     assert rejected[0].error_code == "insufficient_credits"
     fake.config.credits = 100  # topped up: the queue goes on, the rejected one waits for a hand
     sub = make_submitter(concurrency=1)
@@ -137,7 +147,19 @@ async def test_402_rejects_and_pauses_instead_of_rejecting_the_queue(store, fake
     assert await states(store) == {"submitted": 5, "rejected": 1}
     assert await store.requeue_intents([], all_rejected=True,
                                        code="insufficient_credits") == [rejected[0].key]
-    assert sum(fake.billed_by_key[k] for k in keys) == 5
+    sub = make_submitter(concurrency=1)
+    await run_until(sub, lambda: sub.stats.submitted == 1)
+    assert all(fake.billed_by_key[k] == 1 for k in keys)
+
+
+async def test_a_requeued_rejection_waits_for_a_slot_like_a_new_intent(store, fake, client):
+    await store.add_intent("bad", {"prompt": ""})
+    config = SubmitterConfig(max_active=None, policy=FAST_POLICY, lease_s=5, http_timeout_s=1)
+    assert isinstance(await submit_now(store, client, config, "bad"), SubmitOutcome)
+    await store.add_job("busy")  # one render active
+    assert await store.requeue_intents(["bad"]) == ["bad"]
+    assert await store.claim_intents(5, 5, "w", max_active=1) == []  # no free slot for it
+    assert [c.key for c in await store.claim_intents(5, 5, "w", max_active=2)] == ["bad"]
 
 
 async def test_a_refused_api_key_keeps_every_intent_queued(store, fake, fake_url):
@@ -153,7 +175,9 @@ async def test_a_refused_api_key_keeps_every_intent_queued(store, fake, fake_url
     assert sub.stats.posts <= 2 + (sub.stats.claims - 1)
 
 
-async def test_submitters_never_send_one_intent_twice_at_once(db_url, fake, fake_url):
+@pytest.mark.parametrize("max_active", [None, 1000])
+async def test_submitters_never_send_one_intent_twice_at_once(db_url, fake, fake_url,
+                                                              max_active):
     fake.config.latency_s = 0.05
     fake.config.create_lose_reply = 0.15
     fake.config.create_5xx_billed = 0.15
@@ -163,7 +187,7 @@ async def test_submitters_never_send_one_intent_twice_at_once(db_url, fake, fake
         keys = await queue(stores[0], 60)
         async with SumeClient(fake_url, API_KEY, timeout_s=0.5) as client:
             subs = [Submitter(s, client, SubmitterConfig(
-                concurrency=8, max_active=None, policy=FAST_POLICY, lease_s=1.5,
+                concurrency=8, max_active=max_active, policy=FAST_POLICY, lease_s=1.5,
                 http_timeout_s=0.5, worker_id=f"s{i}")) for i, s in enumerate(stores)]
             tasks = [asyncio.create_task(s.run()) for s in subs]
             async with asyncio.timeout(30):
@@ -214,10 +238,72 @@ async def test_without_the_cap_the_provider_refuses(store, fake, client, make_wo
     assert fake.concurrency_refusals > 0
 
 
-def test_a_lease_shorter_than_the_http_timeout_is_refused():
-    # such a submitter could never send: every claim would end before an answer could come
+@pytest.mark.parametrize("lease_s", [10, 15, 15.5])
+def test_a_lease_not_longer_than_the_http_timeout_is_refused(lease_s):
+    # a POST could outlive such a lease, and another submitter could send the same key
     with pytest.raises(ConfigError, match="lease"):
-        SubmitterConfig(lease_s=10, http_timeout_s=15)
+        SubmitterConfig(lease_s=lease_s, http_timeout_s=15)
+
+
+async def test_the_lease_starts_after_the_wait_for_the_admission_lock(store, db_url):
+    await store.add_intent("k1", PROMPT)
+    async with await psycopg.AsyncConnection.connect(db_url) as holder:
+        await holder.execute("SELECT pg_advisory_xact_lock(7306198364525512)")
+        claim = asyncio.create_task(store.claim_intents(1, 5.0, "w", max_active=10))
+        await asyncio.sleep(1.0)  # the claim waits for the admission lock all this time
+        assert not claim.done()
+        await holder.commit()
+        claimed = await claim
+    left_s = await lease_left(db_url, "k1")
+    assert [c.key for c in claimed] == ["k1"] and left_s > 4.5  # not 5 s minus the wait
+
+
+async def lease_left(db_url: str, key: str) -> float:
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        cur = await conn.execute("SELECT extract(epoch FROM next_attempt_at - clock_timestamp())"
+                                 " FROM video_intents WHERE idempotency_key = %s", (key,))
+        row = await cur.fetchone()
+        assert row is not None
+        return float(row[0])
+
+
+async def test_stop_during_a_claim_sends_nothing(store, fake, client):
+    await queue(store, 3)
+
+    class StopsDuringClaim:
+        """The real store, but stop() arrives while the claim is on its way back."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(store, name)
+
+        async def claim_intents(self, *args: object, **kwargs: object) -> object:
+            claimed = await store.claim_intents(*args, **kwargs)  # type: ignore[arg-type]
+            sub.stop()
+            return claimed
+
+    sub = Submitter(StopsDuringClaim(), client,  # type: ignore[arg-type]
+                    SubmitterConfig(max_active=None, policy=FAST_POLICY, lease_s=5,
+                                    http_timeout_s=1))
+    await asyncio.wait_for(sub.run(), 10)
+    assert fake.creates == 0 and sub.stats.released == 3
+    for intent in await store.list_intents():
+        assert intent.state == QUEUED and intent.attempts == 0
+
+
+async def test_bulk_batches_catch_a_key_repeated_for_another_request(store):
+    items = [("a", {"prompt": "one"}, 0), ("b", {"prompt": "b"}, 0), ("a", {"prompt": "two"}, 0),
+             ("b", {"prompt": "b"}, 0)]
+    new, conflicts = await store.add_intents(items)
+    assert (new, conflicts) == (2, ["a"])
+    intent = await store.get_intent("a")
+    assert intent is not None and intent.payload == {"prompt": "one"}
+
+
+async def test_a_rerun_matches_after_the_jsonb_round_trip(store):
+    payload = {"prompt": "x", "size": (1280, 720), "seed": 1.0, "nested": {"b": 1, "a": [True]}}
+    first, _ = await store.add_intent("k", payload)
+    again, new = await store.add_intent("k", payload)  # the tuple came back as a list
+    assert not new and again == first
 
 
 async def test_fifo_within_priority(store, fake, make_submitter):

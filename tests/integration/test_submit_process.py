@@ -21,7 +21,7 @@ from .test_process import cli_env, spawn_worker, wait_for
 pytestmark = pytest.mark.slow
 
 
-async def vidpoll(env: dict[str, str], *args: str, stdin: bytes | None = None,
+async def run_cli(env: dict[str, str], *args: str, stdin: bytes | None = None,
                   within_s: float = 60) -> tuple[int, str, str]:
     """Run the CLI as a subprocess without blocking the fake Sume served by this process."""
     proc = await asyncio.create_subprocess_exec(
@@ -125,13 +125,13 @@ async def test_bulk_file_interrupted_half_way_then_rerun(store, fake, fake_url, 
     assert await intents_recorded(store) == n // 2
 
     # 2. the whole file again: only the missing half is new
-    code, out, err = await vidpoll(env, "submit", "--file", str(prompts))
+    code, out, err = await run_cli(env, "submit", "--file", str(prompts))
     assert code == 0, err
     assert f"recorded {n // 2} new intents; {n // 2} were already recorded" in out
 
     # 3. a worker sends and polls them all
     fake.config.next_poll_after_s = 0.05
-    code, _, err = await vidpoll(env, "worker", "--drain", "--max-active", "5000",
+    code, _, err = await run_cli(env, "worker", "--drain", "--max-active", "5000",
                                  "--submit-concurrency", "50", "--concurrency", "100",
                                  within_s=240)
     assert code == 0, err[-2000:]
@@ -140,7 +140,7 @@ async def test_bulk_file_interrupted_half_way_then_rerun(store, fake, fake_url, 
     assert fake.billed == n and fake.stats()["keys_billed_twice"] == 0
 
     # 4. and once more: nothing new, nothing sent
-    code, out, _ = await vidpoll(env, "submit", "--file", str(prompts))
+    code, out, _ = await run_cli(env, "submit", "--file", str(prompts))
     assert code == 0 and "recorded 0 new intents" in out
     assert fake.billed == n
 
@@ -150,7 +150,7 @@ async def test_bulk_file_reports_bad_lines_and_keeps_the_good_ones(store, db_url
     path = tmp_path / "mixed.jsonl"
     path.write_text('{"prompt": "a"}\nnot json\n{"key": "has space", "prompt": "b"}\n'
                     '\n{"prompt": "c", "priority": 2}\n')
-    code, out, err = await vidpoll(cli_env(db_url, fake_url), "submit", "--file", str(path))
+    code, out, err = await run_cli(cli_env(db_url, fake_url), "submit", "--file", str(path))
     assert code == 6
     assert "recorded 2 new intents" in out and "2 bad lines" in out
     assert "line 2: not JSON" in err and "line 3:" in err and "idempotency key" in err
@@ -159,6 +159,13 @@ async def test_bulk_file_reports_bad_lines_and_keeps_the_good_ones(store, db_url
 
 async def test_submit_command(store, fake: FakeSume, fake_url, db_url):
     env = cli_env(db_url, fake_url, VIDPOLL_FIRST_POLL_S="0.05")
+    everything: list[str] = []
+
+    async def vidpoll(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+        code, out, err = await run_cli(env, *args)
+        everything.extend((out, err))
+        return code, out, err
+
     fake.config.next_poll_after_s = 0.05
 
     code, out, err = await vidpoll(env, "submit", "--prompt", "a fox", "--param", "duration=8",
@@ -166,6 +173,7 @@ async def test_submit_command(store, fake: FakeSume, fake_url, db_url):
     assert code == 0, err
     assert out.strip() == fake.by_key["k1"] and fake.payloads["k1"] == {"prompt": "a fox",
                                                                          "duration": 8}
+    assert "recorded intent k1" in err  # said before the POST, in case anything fails after
     # the same key again: the same job, nothing billed
     code, out, err = await vidpoll(env, "submit", "--prompt", "a fox", "--param", "duration=8",
                                    "--key", "k1")
@@ -211,24 +219,27 @@ async def test_submit_command(store, fake: FakeSume, fake_url, db_url):
         assert code == 7 and out.strip().splitlines()[-1] == "failed"
     finally:
         worker.send_signal(signal.SIGTERM)
-        await worker.wait()
-    assert API_KEY not in err
+        _, worker_err = await worker.communicate()
+    assert not any(API_KEY in text for text in [*everything, worker_err.decode()])
 
 
 async def test_submit_command_bad_environments(store, db_url, fake_url):
     env = cli_env("postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=2", fake_url)
-    code, _, err = await vidpoll(env, "submit", "--prompt", "x")
+    code, _, err = await run_cli(env, "submit", "--prompt", "x")
     assert code == 3 and "cannot connect to PostgreSQL" in err and "Traceback" not in err
     env = cli_env(db_url, fake_url)
     env.pop("SUME_API_KEY")
-    code, _, err = await vidpoll(env, "submit", "--prompt", "x")
+    code, _, err = await run_cli(env, "submit", "--prompt", "x")
     assert code == 2 and "SUME_API_KEY" in err
     assert await store.intent_counts() == {}  # nothing recorded that no one could send
-    code, out, _ = await vidpoll(env, "submit", "--prompt", "x", "--queue-only", "--key", "q")
+    code, out, _ = await run_cli(env, "submit", "--prompt", "x", "--queue-only", "--key", "q")
     assert code == 0 and "queued" in out
-    for args, needle in [(("--key", "a b", "--prompt", "x"), "idempotency key"),
-                         (("--param", "novalue"), "name=value"),
-                         ((), "nothing to submit")]:
-        code, _, err = await vidpoll(cli_env(db_url, fake_url), "submit", *args)
-        assert code in (2, 6) and needle in err, (args, err)
+    for args, want, needle in [(("--key", "a b", "--prompt", "x"), 6, "idempotency key"),
+                               (("--key", "k" * 300, "--prompt", "x"), 6, "limit is 255"),
+                               (("--json", "-"), 2, "not JSON"),
+                               (("--param", "novalue"), 2, "name=value"),
+                               ((), 2, "nothing to submit"),
+                               (("--file", "-", "--max-active", "3"), 2, "--file takes no")]:
+        code, _, err = await run_cli(cli_env(db_url, fake_url), "submit", *args, stdin=b"{")
+        assert code == want and needle in err, (args, err)
     assert await store.intent_counts() == {"queued": 1}

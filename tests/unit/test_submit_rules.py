@@ -226,3 +226,11 @@ def test_max_active_setting(raw, expected):
 def test_bad_max_active_setting(raw):
     with pytest.raises(ConfigError, match="VIDPOLL_MAX_ACTIVE"):
         Settings.from_env({"VIDPOLL_MAX_ACTIVE": raw})
+
+
+def test_bulk_default_priority_applies_to_lines_without_one():
+    deriver = KeyDeriver(default_priority=7)
+    a = deriver.parse(1, '{"prompt": "a"}')
+    b = deriver.parse(2, '{"prompt": "b", "priority": -1}')
+    assert isinstance(a, BulkLine) and isinstance(b, BulkLine)
+    assert (a.priority, b.priority) == (7, -1)

@@ -263,7 +263,10 @@ fresh AS (
 ),
 picked AS (SELECT ctid FROM retries UNION ALL SELECT ctid FROM fresh)
 UPDATE video_intents AS i
-SET next_attempt_at = coalesce(%(now)s::timestamptz, now())
+-- the lease starts now, by the wall clock: now() is when the transaction began, before the wait
+-- for the admission lock, and a lease that began in the past would end before the submitter
+-- expects it to (and another one could send the same key while this one still waits)
+SET next_attempt_at = coalesce(%(now)s::timestamptz, clock_timestamp())
                       + make_interval(secs => %(lease_s)s::float8),
     claim_token = gen_random_uuid(),
     claimed_by = %(worker_id)s,
@@ -349,10 +352,13 @@ WHERE idempotency_key = %(key)s AND claim_token = %(token)s AND state = 'queued'
 RETURNING idempotency_key;
 
 -- name: requeue_intents
--- `vidpoll intents retry`: rejected intents back to the queue, due now, with a fresh error
--- count; a queued intent is made due now. Never one whose claim is live (it is being sent).
+-- `vidpoll intents retry`: rejected intents back to the queue, due now, with fresh counts; a
+-- queued intent is made due now. Never one whose claim is live (it is being sent).
 UPDATE video_intents
 SET state = 'queued', next_attempt_at = coalesce(%(now)s::timestamptz, now()),
+    -- a rejection means nothing started under this key, so it waits for a free slot and its
+    -- turn like a new intent instead of going out as an in-doubt retry
+    attempts = CASE WHEN state = 'rejected' THEN 0 ELSE attempts END,
     consecutive_errors = 0, rejected_at = NULL, claim_token = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE (idempotency_key = ANY(%(keys)s::text[])
