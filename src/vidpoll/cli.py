@@ -31,10 +31,11 @@ from vidpoll.errors import (
 )
 from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.models import COMPLETED, ClaimMode, Intent
+from vidpoll.runner import default_worker_id
 from vidpoll.store import PgStore, migrate
 from vidpoll.submitter import Submitter, SubmitterConfig
 from vidpoll.sume import SumeClient
-from vidpoll.worker import Worker, WorkerConfig, default_worker_id
+from vidpoll.worker import Worker, WorkerConfig
 
 T = TypeVar("T")
 EXIT_CODES: dict[type[VidpollError], int] = {

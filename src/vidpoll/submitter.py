@@ -18,7 +18,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
 from vidpoll.config import DEFAULT_FIRST_POLL_S, DEFAULT_MAX_ACTIVE
@@ -40,14 +40,13 @@ from vidpoll.policy import (
     backoff_delay,
     decide_submit,
 )
-from vidpoll.worker import IDLE_MAX_S, Signals, default_worker_id
+from vidpoll.runner import DB_BACKOFF_MAX_S, IDLE_MAX_S, Runner, default_worker_id, utc_now
 
 log = logging.getLogger(__name__)
 
 RECHECK_S = 2.0
 """Sleep when intents are due but none could be claimed (all slots taken, or another
 submitter holds them); a finishing job's NOTIFY usually wakes the submitter sooner."""
-DB_BACKOFF_MAX_S = 30.0
 MIN_LEASE_MARGIN_S = 1.0
 """A lease must outlast the HTTP timeout by at least this much."""
 RELEASE_DELAY_S = 1.0
@@ -122,33 +121,20 @@ class SubmitStats:
     db_errors: int = 0
 
 
-class Submitter:
+class Submitter(Runner):
     """Sends queued intents, at most `concurrency` POSTs at once, within `max_active`."""
 
     def __init__(self, store: IntentStore, creator: VideoCreator, config: SubmitterConfig,
                  rng: random.Random | None = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 clock: Callable[[], datetime] = utc_now) -> None:
+        super().__init__(config.policy, rng, clock)
         self.store = store
         self.creator = creator
         self.config = config
         self.stats = SubmitStats()
-        self.signals = Signals()
-        self.idle = False
-        self.listening = False
-        self._rng = rng or random.Random()
-        self._clock = clock
-        self._stopping = asyncio.Event()
-        self._wake = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._inflight = 0
         self._auth_failures = 0
         self._credit_failures = 0
         self._paused_until = 0.0
-
-    def stop(self) -> None:
-        """Stop claiming; POSTs in flight finish and are recorded, then run() returns."""
-        self._stopping.set()
-        self._wake.set()
 
     async def run(self) -> None:
         """Send intents until stop() (or, with drain, until none is queued)."""
@@ -229,12 +215,6 @@ class Submitter:
         if due_in <= 0:
             return RECHECK_S
         return min(cfg.idle_max_s, due_in + 0.005)
-
-    async def _sleep(self, seconds: float) -> None:
-        if seconds <= 0 or self._stopping.is_set():
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
 
     def _spawn(self, intent: ClaimedIntent, claimed_at: float) -> None:
         self._inflight += 1
@@ -360,23 +340,9 @@ class Submitter:
         log.error("Sume reports insufficient credits; submitting paused for %.0fs", delay)
 
     # -- wake-ups -------------------------------------------------------------------------
-    async def _listener(self) -> None:
-        """New or re-queued intents and finished jobs (a free slot) wake the loop. A hint."""
-        failures = 0
-        while not self._stopping.is_set():
-            try:
-                async for _ in self.store.notifications(WAKE_CHANNELS):
-                    failures = 0
-                    self._wake.set()
-                    if not self.listening:
-                        self.listening = True
-                        await self.signals.pulse()
-            except Exception as exc:
-                self.listening = False
-                failures += 1
-                log.debug("submitter listener lost its connection (%s); retrying", exc)
-                await asyncio.sleep(backoff_delay(failures, self.config.policy, self._rng,
-                                                  DB_BACKOFF_MAX_S))
+    def _notifications(self) -> AsyncIterator[Notice]:
+        # new or re-queued intents, and finished jobs (a slot under the cap frees up)
+        return self.store.notifications(WAKE_CHANNELS)
 
 
 async def submit_now(store: IntentStore, creator: VideoCreator, config: SubmitterConfig,

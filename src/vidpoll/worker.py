@@ -9,14 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
-import socket
-import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
 from vidpoll.errors import DatabaseUnavailable
@@ -38,14 +35,18 @@ from vidpoll.policy import (
     backoff_delay,
     decide,
 )
+from vidpoll.runner import (
+    DB_BACKOFF_MAX_S,
+    IDLE_MAX_S,
+    Runner,
+    default_worker_id,
+    utc_now,
+)
 
 log = logging.getLogger(__name__)
 
-IDLE_MAX_S = 30.0
-"""An idle worker checks the table at least this often even if no NOTIFY arrives."""
 BUSY_RETRY_S = 0.25
 """Floor of the sleep when rows are due but all locked by others: never a hot loop."""
-DB_BACKOFF_MAX_S = 30.0
 
 
 class LockedBatchLike(Protocol):
@@ -93,11 +94,6 @@ class StatusReader(Protocol):
         """Read one job's status; failures come back as answers, never raised."""
 
 
-def default_worker_id() -> str:
-    """host:pid:random, so claimed_by tells an operator which process holds a row."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
 @dataclass(frozen=True)
 class WorkerConfig:
     """How one worker process runs."""
@@ -115,42 +111,17 @@ class WorkerConfig:
     worker_id: str = field(default_factory=default_worker_id)
 
 
-class Signals:
-    """Lets tests and the demo wait for what the worker did, instead of sleeping."""
-
-    def __init__(self) -> None:
-        self._cond = asyncio.Condition()
-
-    async def pulse(self) -> None:
-        """Wake everyone waiting; they re-check their condition."""
-        async with self._cond:
-            self._cond.notify_all()
-
-    async def wait_for(self, predicate: Callable[[], bool], within_s: float) -> None:
-        """Return once `predicate()` holds; raise TimeoutError after `within_s` seconds."""
-        async with asyncio.timeout(within_s), self._cond:
-            await self._cond.wait_for(predicate)
-
-
-class Worker:
+class Worker(Runner):
     """One process's poller: many concurrent reads, few database connections."""
 
     def __init__(self, store: Store, reader: StatusReader, config: WorkerConfig,
                  rng: random.Random | None = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 clock: Callable[[], datetime] = utc_now) -> None:
+        super().__init__(config.policy, rng, clock)
         self.store = store
         self.reader = reader
         self.config = config
         self.stats = WorkerStats()
-        self.signals = Signals()
-        self.idle = False
-        self.listening = False
-        self._rng = rng or random.Random()
-        self._clock = clock
-        self._stopping = asyncio.Event()
-        self._wake = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._inflight = 0
         self._outbox: list[Outcome] = []
         self._outbox_ready = asyncio.Event()
         self._release: list[ClaimedJob] = []
@@ -167,8 +138,7 @@ class Worker:
         if not self._stopping.is_set():
             log.info("worker %s stopping: finishing %d in-flight reads",
                      self.config.worker_id, self._inflight)
-        self._stopping.set()
-        self._wake.set()
+        super().stop()
 
     async def run(self) -> None:
         """Poll until stop() (or, with drain, until no row is pending)."""
@@ -253,12 +223,6 @@ class Worker:
         if due_in <= 0:
             return BUSY_RETRY_S  # due rows exist but others hold them
         return min(cfg.idle_max_s, due_in + 0.005)
-
-    async def _sleep(self, seconds: float) -> None:
-        if seconds <= 0 or self._stopping.is_set():
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -437,23 +401,8 @@ class Worker:
             await self.signals.pulse()
 
     # -- wake-ups -------------------------------------------------------------------------
-    async def _listener(self) -> None:
-        """Turns NOTIFYs into wake-ups; reconnects with backoff. Only a hint."""
-        failures = 0
-        while not self._stopping.is_set():
-            try:
-                async for _ in self.store.notifications():
-                    failures = 0
-                    self._wake.set()  # the first item: (re)listening, so look once anyway
-                    if not self.listening:
-                        self.listening = True
-                        await self.signals.pulse()
-            except Exception as exc:  # only a hint: never let it take the worker down
-                self.listening = False
-                failures += 1
-                log.debug("listener lost its connection (%s); retrying", exc)
-                await asyncio.sleep(backoff_delay(failures, self.config.policy, self._rng,
-                                                  DB_BACKOFF_MAX_S))
+    def _notifications(self) -> AsyncIterator[Notice]:
+        return self.store.notifications()
 
     def _db_unavailable(self, exc: DatabaseUnavailable) -> None:
         self.stats.db_errors += 1

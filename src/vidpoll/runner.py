@@ -1,0 +1,100 @@
+"""What the poller and the submitter share: a stop flag, a wake-up event that NOTIFY or a
+finished task sets, test signals, and a listener that turns notifications into wake-ups."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+
+from vidpoll.models import Notice
+from vidpoll.policy import PollPolicy, backoff_delay
+
+log = logging.getLogger(__name__)
+
+IDLE_MAX_S = 30.0
+"""An idle loop checks the table at least this often even if no NOTIFY arrives."""
+DB_BACKOFF_MAX_S = 30.0
+
+
+def default_worker_id() -> str:
+    """host:pid:random, so claimed_by tells an operator which process holds a row."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class Signals:
+    """Lets tests and the demo wait for what a loop did, instead of sleeping."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+
+    async def pulse(self) -> None:
+        """Wake everyone waiting; they re-check their condition."""
+        async with self._cond:
+            self._cond.notify_all()
+
+    async def wait_for(self, predicate: Callable[[], bool], within_s: float) -> None:
+        """Return once `predicate()` holds; raise TimeoutError after `within_s` seconds."""
+        async with asyncio.timeout(within_s), self._cond:
+            await self._cond.wait_for(predicate)
+
+
+class Runner:
+    """The control surface of one loop: stop(), wake-ups, `idle`/`listening` for observers."""
+
+    def __init__(self, policy: PollPolicy, rng: random.Random | None,
+                 clock: Callable[[], datetime]) -> None:
+        self.signals = Signals()
+        self.idle = False
+        self.listening = False
+        self._policy = policy
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._inflight = 0
+
+    def stop(self) -> None:
+        """Stop claiming; work in flight finishes and is recorded, then run() returns."""
+        self._stopping.set()
+        self._wake.set()
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep until `seconds` pass, a wake-up arrives, or stop()."""
+        if seconds <= 0 or self._stopping.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+
+    def _notifications(self) -> AsyncIterator[Notice]:
+        raise NotImplementedError
+
+    async def _listener(self) -> None:
+        """Turns NOTIFYs into wake-ups; reconnects with backoff. Only a hint."""
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                async for _ in self._notifications():
+                    failures = 0
+                    self._wake.set()  # the first item: (re)listening, so look once anyway
+                    if not self.listening:
+                        self.listening = True
+                        await self.signals.pulse()
+            except Exception as exc:  # only a hint: never let it take the loop down
+                self.listening = False
+                failures += 1
+                log.debug("listener lost its connection (%s); retrying", exc)
+                await asyncio.sleep(backoff_delay(failures, self._policy, self._rng,
+                                                  DB_BACKOFF_MAX_S))
+
+
+def utc_now() -> datetime:
+    """The default clock of every loop."""
+    return datetime.now(UTC)
