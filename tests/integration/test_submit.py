@@ -13,6 +13,7 @@ from vidpoll.errors import ConfigError, InvalidIntent, KeyConflict
 from vidpoll.fake_sume import FakeSume
 from vidpoll.models import QUEUED, REJECTED, SUBMITTED, SubmitOutcome
 from vidpoll.policy import AuthPause, PollPolicy
+from vidpoll.sql import QUERIES
 from vidpoll.store import PgStore
 from vidpoll.submitter import Submitter, SubmitterConfig, submit_now
 from vidpoll.sume import SumeClient
@@ -426,3 +427,25 @@ async def test_auth_pause_result_is_reported(store, fake_url):
     async with SumeClient(fake_url, "sk-wrong", timeout_s=1.0) as bad:
         result = await submit_now(store, bad, config, "k1")
     assert isinstance(result, AuthPause) and result.http_status == 401
+
+
+def test_the_intent_claim_uses_the_queue_index(db_url):
+    # 20,000 intents, 2 % still queued: the claim must walk the small partial index in claim
+    # order, never scan the table (the same guard as the jobs' claim)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO video_intents (idempotency_key, payload, state) "
+                     "SELECT 'k' || g, '{}'::jsonb, "
+                     "CASE WHEN g % 50 = 0 THEN 'queued' ELSE 'submitted' END "
+                     "FROM generate_series(1, 20000) g")
+        conn.execute("INSERT INTO video_jobs (job_id, state, next_poll_at) "
+                     "SELECT 'j' || g, CASE WHEN g % 50 = 0 THEN 'pending' ELSE 'completed' END,"
+                     " now() FROM generate_series(1, 20000) g")
+        conn.execute("ANALYZE video_intents")
+        conn.execute("ANALYZE video_jobs")
+        plan = "\n".join(r[0] for r in conn.execute(
+            "EXPLAIN " + QUERIES["claim_intents"],
+            {"limit": 8, "lease_s": 25.0, "worker_id": "w", "max_active": 50, "key": None,
+             "now": None}).fetchall())
+    assert "video_intents_queue_idx" in plan, plan
+    assert "Seq Scan on video_intents" not in plan, plan
+    assert "Seq Scan on video_jobs" not in plan, plan
