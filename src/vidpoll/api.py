@@ -21,7 +21,7 @@ from typing import Any
 from vidpoll.config import Settings
 from vidpoll.embedded import resolve_database_url
 from vidpoll.errors import ConfigError, IntentRejected
-from vidpoll.models import QUEUED, REJECTED, Intent, Job, SubmitOutcome
+from vidpoll.models import DEFAULT_ACCOUNT, QUEUED, REJECTED, Intent, Job, SubmitOutcome
 from vidpoll.policy import AuthPause
 from vidpoll.store import INTENTS_CHANNEL, JOB_DONE_CHANNEL, PgStore
 from vidpoll.submitter import SubmitterConfig, submit_now
@@ -82,7 +82,8 @@ class Vidpoll:
         await self.store.close()
 
     async def submit(self, payload: dict[str, Any], *, key: str | None = None,
-                     priority: int = 0, send_now: bool = True) -> Submission:
+                     priority: int = 0, send_now: bool = True,
+                     account: str = DEFAULT_ACCOUNT) -> Submission:
         """Record an intent (committed first), then try the POST once if its turn has come.
 
         `key` defaults to a new UUID; the same key again returns the existing intent (and
@@ -91,8 +92,9 @@ class Vidpoll:
         the intent was committed carries a note with its key: submit again with that key.
         """
         if send_now:
-            self.settings.require_api_key()  # before recording: nothing no one could send
-        sub = await self.record(payload, key=key, priority=priority)
+            # before recording: nothing that no one could send
+            self.settings.require_api_key(account)
+        sub = await self.record(payload, key=key, priority=priority, account=account)
         if not (sub.new and send_now):
             return sub
         try:
@@ -104,27 +106,34 @@ class Vidpoll:
         return Submission(sent.intent, True, sent.reason)
 
     async def record(self, payload: dict[str, Any], *, key: str | None = None,
-                     priority: int = 0) -> Submission:
+                     priority: int = 0, account: str = DEFAULT_ACCOUNT) -> Submission:
         """Record an intent without sending it (a running worker sends it)."""
         key = key or str(uuid.uuid4())
-        intent, new = await self.store.add_intent(key, payload, priority)
+        intent, new = await self.store.add_intent(key, payload, priority, account)
         if intent.state == REJECTED:
             raise IntentRejected(key, intent.error_code, intent.error_message)
         reason = None if intent.state != QUEUED else await self.queued_reason(key)
         return Submission(intent, new, reason)
 
     async def send(self, key: str) -> Submission:
-        """Try the POST of a recorded intent once, if its turn has come under the cap."""
-        api_key = self.settings.require_api_key()
+        """Try the POST of a recorded intent once, if its turn has come under the cap and
+        its account's create budget has a token."""
+        intent = await self.store.get_intent(key)
+        if intent is None:
+            raise LookupError(f"no intent with key {key!r}")
+        account = intent.account
+        api_key = self.settings.require_api_key(account)
         cap = self.settings.max_active
         config = SubmitterConfig(concurrency=1, max_active=cap,
                                  lease_s=self.settings.http_timeout_s + 10.0,
                                  http_timeout_s=self.settings.http_timeout_s,
                                  first_poll_s=self.settings.first_poll_s,
-                                 policy=self.settings.policy, listen=False)
+                                 policy=self.settings.policy, listen=False,
+                                 accounts=(account,),
+                                 budgets=self.settings.budgets("create", [account]))
         async with SumeClient(self.settings.sume_base_url, api_key,
                               timeout_s=self.settings.http_timeout_s) as client:
-            result = await submit_now(self.store, client, config, key)
+            result = await submit_now(self.store, client, config, key, account)
         intent = await self.store.get_intent(key)
         if intent is None:
             raise LookupError(f"no intent with key {key!r}")
@@ -147,13 +156,19 @@ class Vidpoll:
         if isinstance(result, SubmitOutcome):
             return (f"Sume did not confirm it ({result.error}); {later} in about "
                     f"{result.delay_s:.0f}s, so at most one clip is billed")
-        counts = await self.store.admission()
+        intent = await self.store.get_intent(key)
+        account = intent.account if intent is not None else DEFAULT_ACCOUNT
+        counts = await self.store.admission(account)
         active = counts["pending_jobs"] + counts["unconfirmed"]
         if cap is not None and active >= cap:
-            return f"{active} renders are active and the limit is {cap} (--max-active); {later}"
+            return (f"{active} renders of account {account!r} are active and the limit is "
+                    f"{cap} (--max-active); {later}")
         ahead = await self.store.intents_ahead(key)
         if ahead:
             return f"{ahead} queued intents go out before it; {later}"
+        if self.settings.budget("create", account) is not None:
+            return (f"the create budget of account {account!r} has no token left just now, "
+                    f"or another process is sending it; {later}")
         return f"it is not due yet or another process is sending it; {later}"
 
     async def intent(self, key: str) -> Intent | None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import fields
 from datetime import datetime
 from typing import Any, TypeVar
@@ -135,17 +136,37 @@ def migrate_cmd() -> None:
                    "[default: VIDPOLL_MAX_ACTIVE or 50].")
 @click.option("--submit-concurrency", default=4, show_default=True,
               type=click.IntRange(1, 1000), help="POSTs in flight at once.")
+@click.option("--account", "accounts", multiple=True,
+              help="Serve only this account (repeatable) [default: every account with a key: "
+                   "SUME_API_KEY, SUME_API_KEY_<NAME>].")
+@click.option("--status-rate-per-min", type=click.FloatRange(min=0.001),
+              help="Status reads a minute per account, shared by every worker "
+                   "[default: VIDPOLL_STATUS_RATE_PER_MIN, else unlimited].")
+@click.option("--submit-rate-per-min", type=click.FloatRange(min=0.001),
+              help="Creates a minute per account, shared by every worker "
+                   "[default: VIDPOLL_SUBMIT_RATE_PER_MIN, else unlimited].")
+@click.option("--rate-burst", type=click.FloatRange(min=1),
+              help="Tokens a bucket may hold [default: VIDPOLL_RATE_BURST, else two seconds "
+                   "of the rate, at least 1].")
 def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                batch_size: int, lease_seconds: float | None, db_connections: int,
                poll_only: bool, submit_only: bool, max_active: int | None,
-               submit_concurrency: int) -> None:
+               submit_concurrency: int, accounts: tuple[str, ...],
+               status_rate_per_min: float | None, submit_rate_per_min: float | None,
+               rate_burst: float | None) -> None:
     """Poll due jobs and send queued intents until stopped (SIGTERM/SIGINT finish what is in
     flight, then exit 0)."""
     if poll_only and submit_only:
         raise click.UsageError("--poll-only and --submit-only exclude each other")
     settings = _settings()
+    settings = dataclasses.replace(
+        settings,
+        status_rates=_override(settings.status_rates, status_rate_per_min, settings),
+        submit_rates=_override(settings.submit_rates, submit_rate_per_min, settings),
+        rate_burst=rate_burst or settings.rate_burst)
+    served = accounts or tuple(sorted(settings.account_keys)) or ("default",)
     try:
-        api_key = settings.require_api_key()
+        keys = {a: settings.require_api_key(a) for a in served}
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -155,7 +176,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
         concurrency=concurrency, claim_mode=ClaimMode(claim_mode), lease_s=lease_s,
         batch_size=batch_size, lock_lanes=db_connections - 1, drain=drain,
         drain_waits_for_intents=not poll_only, listen=not no_listen, policy=settings.policy,
-        worker_id=worker_id)
+        worker_id=worker_id, accounts=served, budgets=settings.budgets("status", served))
     submit_config: SubmitterConfig | None = None
     if not poll_only:
         try:
@@ -164,7 +185,8 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                 max_active=max_active if max_active is not None else settings.max_active,
                 lease_s=lease_s, http_timeout_s=settings.http_timeout_s,
                 first_poll_s=settings.first_poll_s, drain=drain, listen=not no_listen,
-                policy=settings.policy, worker_id=worker_id)
+                policy=settings.policy, worker_id=worker_id, accounts=served,
+                budgets=settings.budgets("create", served))
         except ConfigError as exc:
             click.echo(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)", err=True)
             sys.exit(2)
@@ -172,14 +194,16 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
     async def go() -> None:
         store = await _open_store(settings, db_connections)
         try:
-            async with SumeClient(settings.sume_base_url, api_key,
-                                  timeout_s=settings.http_timeout_s,
-                                  max_connections=concurrency + submit_concurrency) as client:
+            async with contextlib.AsyncExitStack() as stack:
+                clients = {a: await stack.enter_async_context(SumeClient(
+                    settings.sume_base_url, key, timeout_s=settings.http_timeout_s,
+                    max_connections=concurrency + submit_concurrency))
+                    for a, key in keys.items()}
                 parts: list[Worker | Submitter] = []
                 if not submit_only:
-                    parts.append(Worker(store, client, poll_config))
+                    parts.append(Worker(store, clients, poll_config))
                 if submit_config is not None:
-                    parts.append(Submitter(store, client, submit_config))
+                    parts.append(Submitter(store, clients, submit_config))
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, lambda: [p.stop() for p in parts])
@@ -188,6 +212,14 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
             await store.close()
 
     _run(go())
+
+
+def _override(rates: Mapping[str, float], per_min: float | None,
+              settings: Settings) -> Mapping[str, float]:
+    """A flag's rate applies to every account (it overrides the environment's)."""
+    if per_min is None:
+        return rates
+    return {a: per_min for a in {"default", *settings.account_keys}}
 
 
 @main.command("fake-sume")
@@ -266,11 +298,13 @@ def jobs() -> None:
 @click.argument("job_ids", nargs=-1, required=True)
 @click.option("--delay", default=15.0, show_default=True, type=float,
               help="Seconds until the first read.")
-def jobs_add(job_ids: tuple[str, ...], delay: float) -> None:
+@click.option("--account", default="default", show_default=True,
+              help="The account whose API key reads these jobs.")
+def jobs_add(job_ids: tuple[str, ...], delay: float, account: str) -> None:
     """Track job ids Sume already returned (never POSTs anything)."""
 
     async def add_all(store: PgStore) -> int:
-        return sum([await store.add_job(j, delay) for j in job_ids])
+        return sum([await store.add_job(j, delay, account=account) for j in job_ids])
 
     added = _on_store(add_all)
     click.echo(f"added {added}, already tracked {len(job_ids) - added}")
@@ -305,7 +339,9 @@ def jobs_stats(as_json: bool) -> None:
 
     async def collect(store: PgStore) -> dict[str, Any]:
         due, late = await store.backlog()
-        return {"states": await store.counts(), "due_now": due, "oldest_late_s": late}
+        return {"states": await store.counts(), "due_now": due, "oldest_late_s": late,
+                "backlog_by_account": await store.backlog_by_account(),
+                "rate_buckets": await store.buckets()}
 
     stats = _on_store(collect)
     if as_json:
@@ -314,6 +350,15 @@ def jobs_stats(as_json: bool) -> None:
     for state, n in stats["states"].items():
         click.echo(f"{state:>12} {n}")
     click.echo(f"due now: {stats['due_now']}, oldest late by {stats['oldest_late_s']:.1f}s")
+    for row in stats["backlog_by_account"]:
+        click.echo(f"  account {row['account']}: {row['due']} due, oldest late by "
+                   f"{row['oldest_late_s']:.1f}s")
+    for b in stats["rate_buckets"]:
+        rate = "unlimited" if b["rate_per_s"] is None else f"{b['rate_per_s'] * 60:g}/min"
+        tokens = "" if b["tokens"] is None else f", {b['tokens']:.1f} tokens"
+        paused = f", paused {b['paused_s']:.1f}s more" if b["paused_s"] > 0 else ""
+        click.echo(f"  budget {b['account']}/{b['kind']}: {rate}{tokens}{paused}; "
+                   f"{b['server_pauses']} server pauses")
 
 
 def _json_default(value: Any) -> Any:
@@ -346,9 +391,12 @@ def _json_default(value: Any) -> Any:
 @click.option("--max-active", type=click.IntRange(1, 1_000_000),
               help="Admission cap for the immediate try [default: VIDPOLL_MAX_ACTIVE or 50].")
 @click.option("--json-output", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--account", default="default", show_default=True,
+              help="The account (API key: SUME_API_KEY_<NAME>) the render is billed to.")
 def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, key: str | None,
                priority: int, bulk_file: Any, key_prefix: str, queue_only: bool, wait_: bool,
-               timeout: float | None, max_active: int | None, as_json: bool) -> None:
+               timeout: float | None, max_active: int | None, as_json: bool,
+               account: str) -> None:
     """Record a paid submission durably, then send it once right away.
 
     Prints the job id when Sume answered 202, or says the intent is queued and why (exit 0 in
@@ -359,21 +407,21 @@ def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, ke
         if prompt or params or json_source or key or wait_ or max_active or as_json:
             raise click.UsageError("--file takes no --prompt/--param/--json/--key/--wait/"
                                    "--max-active/--json-output (a worker sends its intents)")
-        _submit_file(settings, bulk_file, key_prefix, priority)
+        _submit_file(settings, bulk_file, key_prefix, priority, account)
         return
     payload = _payload(prompt, params, json_source)
     if max_active is not None:
         settings = dataclasses.replace(settings, max_active=max_active)
     if not queue_only:
         try:
-            settings.require_api_key()
+            settings.require_api_key(account)
         except ConfigError as exc:
             click.echo(f"error: {exc} (or use --queue-only to let a worker send it)", err=True)
             sys.exit(2)
 
     async def go() -> tuple[Submission, str | None, bool]:
         async with await Vidpoll.open(settings=settings) as vp:
-            sub = await vp.record(payload, key=key, priority=priority)
+            sub = await vp.record(payload, key=key, priority=priority, account=account)
             if sub.new:
                 # said at once: if anything fails from here on, this key is how to try again
                 click.echo(f"recorded intent {sub.key}", err=True)
@@ -437,7 +485,8 @@ def _report_submission(sub: Submission, as_json: bool) -> None:
         click.echo(f"queued{again}: key {sub.key}: {sub.reason}")
 
 
-def _submit_file(settings: Settings, source: Any, prefix: str, priority: int) -> None:
+def _submit_file(settings: Settings, source: Any, prefix: str, priority: int,
+                 account: str) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     deriver = KeyDeriver(prefix, priority)
@@ -465,7 +514,7 @@ def _submit_file(settings: Settings, source: Any, prefix: str, priority: int) ->
                             bad.append(parsed)
                         elif parsed is not None:
                             batch.append((parsed.key, parsed.payload, parsed.priority))
-                    new, clash = await store.add_intents(batch)
+                    new, clash = await store.add_intents(batch, account)
                     totals["new"] += new
                     totals["seen"] += len(batch)
                     conflicts.extend(clash)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import platformdirs
 
-from vidpoll.errors import ConfigError
-from vidpoll.policy import PollPolicy
+from vidpoll.errors import ConfigError, InvalidIntent
+from vidpoll.models import DEFAULT_ACCOUNT
+from vidpoll.policy import Budget, PollPolicy, validate_account
 
 DEFAULT_SUME_BASE_URL = "https://api.sume.com"
 DEFAULT_HTTP_TIMEOUT_S = 15.0
@@ -60,6 +61,13 @@ class Settings:
     policy: PollPolicy = field(default_factory=PollPolicy)
     max_active: int | None = DEFAULT_MAX_ACTIVE
     first_poll_s: float = DEFAULT_FIRST_POLL_S
+    account_keys: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """API keys by account name: `default` from SUME_API_KEY, others from SUME_API_KEY_<NAME>."""
+    status_rates: Mapping[str, float] = field(default_factory=dict)
+    """Status reads per minute by account (fleet-wide); an account not here is unlimited."""
+    submit_rates: Mapping[str, float] = field(default_factory=dict)
+    """Creates per minute by account (fleet-wide); an account not here is unlimited."""
+    rate_burst: float | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -79,6 +87,7 @@ class Settings:
         )
         if policy.min_poll_s > policy.max_poll_s:
             raise ConfigError("VIDPOLL_MIN_POLL_S must not exceed VIDPOLL_MAX_POLL_S")
+        keys = _account_keys(env)
         return cls(
             database_url=env.get("DATABASE_URL", "").strip() or None,
             sume_base_url=base,
@@ -89,10 +98,62 @@ class Settings:
             policy=policy,
             max_active=_max_active(env),
             first_poll_s=_float(env, "VIDPOLL_FIRST_POLL_S", DEFAULT_FIRST_POLL_S),
+            account_keys=keys,
+            status_rates=_rates(env, "VIDPOLL_STATUS_RATE_PER_MIN", keys),
+            submit_rates=_rates(env, "VIDPOLL_SUBMIT_RATE_PER_MIN", keys),
+            rate_burst=_float(env, "VIDPOLL_RATE_BURST", 0.0, minimum=1.0) or None,
         )
 
-    def require_api_key(self) -> str:
-        """The API key, or a ConfigError saying how to set it."""
-        if not self.sume_api_key:
-            raise ConfigError("SUME_API_KEY is not set; export your Sume API key first")
-        return self.sume_api_key
+    def require_api_key(self, account: str = DEFAULT_ACCOUNT) -> str:
+        """The API key of `account`, or a ConfigError saying how to set it."""
+        key = self.account_keys.get(account) or (
+            self.sume_api_key if account == DEFAULT_ACCOUNT else "")
+        if not key:
+            raise ConfigError(f"{key_variable(account)} is not set; export the Sume API key "
+                              f"of account {account!r} first")
+        return key
+
+    def budget(self, kind: str, account: str) -> Budget | None:
+        """The fleet-wide budget of `account` for 'status' or 'create' calls; None: unlimited."""
+        rates = self.status_rates if kind == "status" else self.submit_rates
+        per_min = rates.get(account)
+        return None if per_min is None else Budget.per_minute(per_min, self.rate_burst)
+
+    def budgets(self, kind: str, accounts: Sequence[str]) -> dict[str, Budget]:
+        """The budgets of `accounts` that have one."""
+        found = {a: self.budget(kind, a) for a in accounts}
+        return {a: b for a, b in found.items() if b is not None}
+
+
+def key_variable(account: str) -> str:
+    """The environment variable that holds an account's API key."""
+    return "SUME_API_KEY" if account == DEFAULT_ACCOUNT else f"SUME_API_KEY_{account.upper()}"
+
+
+def _account_keys(env: Mapping[str, str]) -> dict[str, str]:
+    keys: dict[str, str] = {}
+    default = env.get("SUME_API_KEY", "").strip()
+    if default:
+        keys[DEFAULT_ACCOUNT] = default
+    for name, value in env.items():
+        if name.startswith("SUME_API_KEY_") and value.strip():
+            account = name.removeprefix("SUME_API_KEY_").lower()
+            try:
+                validate_account(account)
+            except InvalidIntent as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+            keys[account] = value.strip()
+    return keys
+
+
+def _rates(env: Mapping[str, str], name: str, keys: Mapping[str, str]) -> dict[str, float]:
+    """`NAME` for every account, `NAME_<ACCOUNT>` for one; unset or empty means unlimited."""
+    rates: dict[str, float] = {}
+    base = env.get(name, "").strip()
+    for account in {DEFAULT_ACCOUNT, *keys}:
+        own = f"{name}_{account.upper()}"
+        if env.get(own, "").strip():
+            rates[account] = _float(env, own, 0.0, minimum=0.001)
+        elif base:
+            rates[account] = _float(env, name, 0.0, minimum=0.001)
+    return rates

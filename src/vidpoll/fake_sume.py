@@ -62,6 +62,17 @@ class FakeConfig:
     """Renders the account can still pay for; then 402 insufficient_credits."""
     max_concurrent: int | None = None
     """Renders that may run at once; beyond it 429 concurrency_limit_exceeded."""
+    # per-key rate limits, token buckets as a provider would run them: beyond them 429 with
+    # Retry-After; every answer then carries RateLimit-Limit/-Remaining/-Reset (and X-*)
+    read_rate_per_s: float | None = None
+    """Status and result reads per second per API key (None: no limit)."""
+    read_burst: float = 1.0
+    read_rate_by_key: dict[str, float] = field(default_factory=dict)
+    """Per-key read rates that override read_rate_per_s (several accounts)."""
+    create_rate_per_s: float | None = None
+    create_burst: float = 1.0
+    extra_api_keys: list[str] = field(default_factory=list)
+    """More keys the fake accepts besides api_key (one per account)."""
     seed: int | None = None
 
 
@@ -104,6 +115,9 @@ class FakeSume:
         self.create_script: dict[str, list[str]] = {}
         self.payloads: dict[str, Any] = {}
         self.on_create: Callable[[str | None], Awaitable[None]] | None = None
+        self._buckets: dict[tuple[str, str], list[float]] = {}
+        self.read_log: list[tuple[float, str, int]] = []
+        """(monotonic time, API key, HTTP status) of every authorized status read."""
 
     # -- test helpers -------------------------------------------------------------------
     def add_job(self, job_id: str | None = None, *, outcome: str | None = None,
@@ -162,7 +176,40 @@ class FakeSume:
         want = self.config.api_key
         if want is None:
             return True
-        return request.headers.get("Authorization") == f"Bearer {want}"
+        given = request.headers.get("Authorization")
+        return any(given == f"Bearer {k}" for k in (want, *self.config.extra_api_keys))
+
+    def _limit(self, request: web.Request, kind: str
+               ) -> tuple[web.Response | None, dict[str, str]]:
+        """Take one token from this key's bucket: (a 429 to send, or None; headers to add)."""
+        cfg = self.config
+        key = request.headers.get("Authorization", "")
+        if kind == "read":
+            rate = cfg.read_rate_by_key.get(key.removeprefix("Bearer "), cfg.read_rate_per_s)
+            burst = cfg.read_burst
+        else:
+            rate, burst = cfg.create_rate_per_s, cfg.create_burst
+        if rate is None:
+            return None, {}
+        now = time.monotonic()
+        bucket = self._buckets.setdefault((key, kind), [burst, now])
+        bucket[0] = min(burst, bucket[0] + (now - bucket[1]) * rate)
+        bucket[1] = now
+        allowed = bucket[0] >= 1.0
+        if allowed:
+            bucket[0] -= 1.0
+        remaining = int(bucket[0])
+        until_token = max(0.0, (1.0 - bucket[0]) / rate)
+        reset = until_token if remaining == 0 else (burst - bucket[0]) / rate
+        headers = {}
+        for prefix in ("RateLimit-", "X-RateLimit-"):
+            headers[prefix + "Limit"] = f"{rate * 60:g}"
+            headers[prefix + "Remaining"] = str(remaining)
+            headers[prefix + "Reset"] = f"{reset:.3f}"
+        if allowed:
+            return None, headers
+        return self._error(429, "rate_limit_exceeded", "slow down",
+                           {**headers, "Retry-After": f"{until_token:.3f}"}), headers
 
     async def _latency(self) -> None:
         cfg = self.config
@@ -209,6 +256,9 @@ class FakeSume:
             return web.json_response({"job_id": job_id, "status": "queued"}, status=202)
         if self.on_create is not None:
             await self.on_create(key)  # tests: look at the database before anything is billed
+        refused, _ = self._limit(request, "create")
+        if refused is not None:
+            return refused
         fault = self._create_fault(key)
         if fault == "5xx":
             return self._error(500, "internal_error", "something broke")
@@ -279,11 +329,20 @@ class FakeSume:
             self.in_flight[job_id] -= 1
 
     async def _status(self, request: web.Request, job_id: str) -> web.StreamResponse:
-        cfg = self.config
         await self._latency()
         if not self._authorized(request):
             self.auth_failures += 1
             return self._error(401, "unauthorized", "invalid API key")
+        refused, headers = self._limit(request, "read")
+        answer = refused or await self._status_answer(job_id)
+        answer.headers.update(headers)
+        self.read_log.append((time.monotonic(),
+                              request.headers.get("Authorization", "").removeprefix("Bearer "),
+                              answer.status))
+        return answer
+
+    async def _status_answer(self, job_id: str) -> web.StreamResponse:
+        cfg = self.config
         job = self.jobs.get(job_id)
         if job is None and cfg.auto_create:
             self.add_job(job_id)
@@ -363,6 +422,9 @@ class FakeSume:
         await self._latency()
         if not self._authorized(request):
             return self._error(401, "unauthorized", "invalid API key")
+        refused, _ = self._limit(request, "read")
+        if refused is not None:
+            return refused
         job = self.jobs.get(request.match_info["job_id"])
         if job is None:
             return self._error(404, "not_found", "no such job")

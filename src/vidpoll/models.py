@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+DEFAULT_ACCOUNT = "default"
+"""The account of every row nobody assigned to another; its key is SUME_API_KEY."""
+
 PENDING = "pending"
 """The one state that is polled; every other state is final."""
 
@@ -65,6 +68,7 @@ class ClaimedJob:
     polls: int
     consecutive_errors: int
     not_found_count: int
+    account: str = "default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,7 @@ class ClaimedIntent:
     payload: dict[str, Any]
     attempts: int
     consecutive_errors: int
+    account: str = "default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,7 @@ class Intent:
     last_request_id: str | None = None
     error_code: str | None = None
     error_message: str | None = None
+    account: str = "default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +136,8 @@ class HttpAnswer:
     request_id: str | None = None
     transport_error: ErrorClass | None = None
     detail: str = ""
+    ratelimit_remaining: str | None = None
+    ratelimit_reset: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +202,7 @@ class WorkerStats:
     errors: dict[str, int] = field(default_factory=dict)
     fenced_out: int = 0
     db_errors: int = 0
+    server_pauses: int = 0
 
     def count_error(self, error_class: ErrorClass) -> None:
         """Add one to the counter of this error class."""

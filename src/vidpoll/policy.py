@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -74,6 +75,20 @@ def validate_job_id(job_id: str) -> str:
     if len(job_id) > MAX_JOB_ID_LEN:
         raise InvalidJobId(f"job id is {len(job_id)} characters; the limit is {MAX_JOB_ID_LEN}")
     return job_id
+
+
+ACCOUNT_NAME = re.compile(r"^[a-z0-9][a-z0-9_]{0,62}$")
+
+
+def validate_account(name: str) -> str:
+    """Return an account name if it is lower-case letters, digits and '_' (1-63); else raise.
+
+    The name becomes part of an environment variable (SUME_API_KEY_<NAME>), hence the rule.
+    """
+    if not isinstance(name, str) or not ACCOUNT_NAME.match(name):
+        raise InvalidIntent(f"account name {name!r} must be 1-63 lower-case letters, digits "
+                            "or '_', starting with a letter or digit")
+    return name
 
 
 def validate_key(key: str) -> str:
@@ -361,3 +376,84 @@ def decide_submit(intent: ClaimedIntent, answer: HttpAnswer, now: datetime, poli
     # a 4xx that is not Sume's envelope came from a proxy or a wrong URL, a 1xx/3xx from
     # something misconfigured: not Sume refusing this request, so never a final rejection
     return retry(ErrorClass.CLIENT_ERROR, f"HTTP {status} (not a Sume error answer)")
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """A configured rate for one account and kind of call: tokens per second, and a burst."""
+
+    rate_per_s: float
+    burst: float
+
+    @classmethod
+    def per_minute(cls, per_min: float, burst: float | None = None) -> Budget:
+        """`per_min` calls a minute; the burst defaults to two seconds' worth (at least 1)."""
+        rate = per_min / 60.0
+        return cls(rate, burst if burst is not None else max(1.0, 2.0 * rate))
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a bucket gave: `granted` tokens, the tokens left, and when to ask again."""
+
+    granted: int
+    tokens_left: float
+    wait_s: float
+
+
+def take_tokens(tokens: float, elapsed_s: float, paused_s: float, want: int,
+                budget: Budget) -> Grant:
+    """Refill a bucket for `elapsed_s`, then take up to `want` whole tokens.
+
+    `wait_s` is how long until the next whole token (or the end of a server pause): the time a
+    worker that got fewer than it wanted may sleep before asking again.
+    """
+    avail = min(budget.burst, max(0.0, tokens) + budget.rate_per_s * max(0.0, elapsed_s))
+    if paused_s > 0:
+        return Grant(0, avail, paused_s)
+    granted = max(0, min(want, math.floor(avail + 1e-9)))
+    left = avail - granted
+    wait = 0.0 if granted >= want else max(0.0, (1.0 - left) / budget.rate_per_s)
+    return Grant(granted, left, wait)
+
+
+RESET_EPOCH_THRESHOLD = 1_000_000_000
+"""A RateLimit-Reset larger than this is a Unix time (as some APIs send), not seconds."""
+
+
+def server_pause_s(answer: HttpAnswer, now: datetime, policy: PollPolicy) -> float | None:
+    """How long the server asked every caller with this key to stop, if it did.
+
+    A 429 pauses for its Retry-After (else the backoff base); any answer whose
+    `RateLimit-Remaining` is 0 pauses until its `RateLimit-Reset`. None: no pause asked.
+    """
+    if answer.status == 429:
+        hinted = parse_retry_after(answer.retry_after, now)
+        if hinted is None:
+            hinted = _reset_seconds(answer.ratelimit_reset, now)
+        return min(policy.max_poll_s, hinted if hinted is not None else policy.backoff_base_s)
+    remaining = answer.ratelimit_remaining
+    if remaining is None:
+        return None
+    try:
+        left = float(remaining.strip())
+    except ValueError:
+        return None
+    if not math.isfinite(left) or left > 0:
+        return None
+    reset = _reset_seconds(answer.ratelimit_reset, now)
+    return min(policy.max_poll_s, reset if reset is not None else policy.backoff_base_s)
+
+
+def _reset_seconds(value: str | None, now: datetime) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    if not math.isfinite(seconds):
+        return None
+    if seconds > RESET_EPOCH_THRESHOLD:
+        seconds -= now.timestamp()
+    return max(0.0, seconds)

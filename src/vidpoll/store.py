@@ -16,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from vidpoll.errors import DatabaseUnavailable, KeyConflict, SchemaError
 from vidpoll.models import (
+    DEFAULT_ACCOUNT,
     QUEUED,
     REJECTED,
     SUBMITTED,
@@ -27,7 +28,15 @@ from vidpoll.models import (
     Outcome,
     SubmitOutcome,
 )
-from vidpoll.policy import validate_job_id, validate_key, validate_payload
+from vidpoll.policy import (
+    Budget,
+    Grant,
+    take_tokens,
+    validate_account,
+    validate_job_id,
+    validate_key,
+    validate_payload,
+)
 from vidpoll.sql import QUERIES, migrations
 
 log = logging.getLogger(__name__)
@@ -77,7 +86,7 @@ def _job(row: dict[str, Any]) -> ClaimedJob:
     return ClaimedJob(job_id=row["job_id"], claim_token=row["claim_token"],
                       due_at=row["due_at"], polling_since=row["polling_since"],
                       polls=row["polls"], consecutive_errors=row["consecutive_errors"],
-                      not_found_count=row["not_found_count"])
+                      not_found_count=row["not_found_count"], account=row["account"])
 
 
 def _intent(row: dict[str, Any]) -> Intent:
@@ -87,7 +96,7 @@ def _intent(row: dict[str, Any]) -> Intent:
                   submitted_at=row["submitted_at"], last_http_status=row["last_http_status"],
                   last_error_class=row["last_error_class"], last_error=row["last_error"],
                   last_request_id=row["last_request_id"], error_code=row["error_code"],
-                  error_message=row["error_message"])
+                  error_message=row["error_message"], account=row["account"])
 
 
 def _outcome_params(outcomes: Sequence[Outcome], now: datetime | None) -> dict[str, Any]:
@@ -208,20 +217,24 @@ class PgStore:
             return rows
 
     async def claim(self, limit: int, lease_s: float, worker_id: str,
+                    accounts: Sequence[str] = (DEFAULT_ACCOUNT,),
                     now: datetime | None = None) -> list[ClaimedJob]:
-        """Lease mode: claim up to `limit` due rows and commit at once."""
+        """Lease mode: claim up to `limit` due rows of `accounts` and commit at once."""
         rows = await self._all("claim_due", {"limit": limit, "lease_s": lease_s,
-                                             "worker_id": worker_id, "now": now})
+                                             "worker_id": worker_id, "now": now,
+                                             "accounts": list(accounts)})
         return [_job(r) for r in rows]
 
     @asynccontextmanager
     async def lock_batch(self, limit: int, worker_id: str,
+                         accounts: Sequence[str] = (DEFAULT_ACCOUNT,),
                          now: datetime | None = None) -> AsyncIterator[LockedBatch]:
         """Lock mode: claim up to `limit` rows and hold their locks until the block ends."""
         async with _translate_errors(), self._pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(_q("claim_due"), {"limit": limit, "lease_s": None,
-                                                "worker_id": worker_id, "now": now})
+                                                "worker_id": worker_id, "now": now,
+                                                "accounts": list(accounts)})
             yield LockedBatch([_job(r) for r in await cur.fetchall()], conn, now)
 
     async def record(self, outcomes: Sequence[Outcome], now: datetime | None = None) -> set[str]:
@@ -240,22 +253,66 @@ class PgStore:
             "due_ats": [j.due_at for j in jobs]})
         return {r["job_id"] for r in rows}
 
-    async def next_due_in(self) -> float | None:
+    async def next_due_in(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,)) -> float | None:
         """Seconds until the earliest pending row is due (database clock); None if none."""
-        row = await self._one("next_due_in", {})
+        row = await self._one("next_due_in", {"accounts": list(accounts)})
         return None if row is None else cast(float | None, row["next_due_in_s"])
 
-    async def has_pending(self) -> bool:
-        """True while any row is still being polled."""
-        row = await self._one("has_pending", {})
+    async def has_pending(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,)) -> bool:
+        """True while any row of `accounts` is still being polled."""
+        row = await self._one("has_pending", {"accounts": list(accounts)})
         return bool(row and row["has_pending"])
 
-    async def add_job(self, job_id: str, delay_s: float = 15.0,
-                      now: datetime | None = None) -> bool:
+    async def add_job(self, job_id: str, delay_s: float = 15.0, now: datetime | None = None,
+                      account: str = DEFAULT_ACCOUNT) -> bool:
         """Track a job id; False if it was already tracked (the existing row is kept)."""
         validate_job_id(job_id)
-        row = await self._one("insert_job", {"job_id": job_id, "delay_s": delay_s, "now": now})
+        validate_account(account)
+        row = await self._one("insert_job", {"job_id": job_id, "delay_s": delay_s, "now": now,
+                                             "account": account})
         return row is not None
+
+    # -- the rate budget ----------------------------------------------------------------------
+    async def take_tokens(self, account: str, kind: str, want: int, budget: Budget) -> Grant:
+        """Take up to `want` tokens from the fleet's bucket for (account, kind), atomically."""
+        params: dict[str, Any] = {"account": account, "kind": kind,
+                                  "rate_per_s": budget.rate_per_s, "burst": budget.burst}
+        async with _translate_errors(), self._pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(_q("bucket_for_update"), params)
+            row = await cur.fetchone()
+            if row is None:
+                await cur.execute(_q("bucket_create"), params)
+                await cur.execute(_q("bucket_for_update"), params)
+                row = await cur.fetchone()
+                assert row is not None
+            grant = take_tokens(row["tokens"], row["elapsed_s"], row["paused_s"], want, budget)
+            if row["paused_s"] <= 0:
+                await cur.execute(_q("bucket_spend"), {**params, "tokens": grant.tokens_left,
+                                                       "at": row["at"]})
+        return grant
+
+    async def refund_tokens(self, account: str, kind: str, n: int) -> None:
+        """Give back `n` tokens taken for rows that were not there to claim."""
+        if n > 0:
+            await self._execute("bucket_refund", {"account": account, "kind": kind, "n": n})
+
+    async def pause_bucket(self, account: str, kind: str, seconds: float) -> None:
+        """The server asked for a pause: every worker's claims for (account, kind) wait."""
+        await self._execute("bucket_pause", {"account": account, "kind": kind,
+                                             "seconds": seconds})
+
+    async def buckets(self) -> list[dict[str, Any]]:
+        """Every bucket's tokens (refilled to now), pause and counters."""
+        return await self._all("list_buckets", {})
+
+    async def backlog_by_account(self) -> list[dict[str, Any]]:
+        """Per account: rows due now and how late the oldest is."""
+        return await self._all("backlog_by_account", {})
+
+    async def _execute(self, name: str, params: dict[str, Any]) -> None:
+        async with _translate_errors(), self._pool.connection() as conn:
+            await conn.execute(_q(name), params)
 
     async def resume(self, job_id: str, now: datetime | None = None) -> bool:
         """Put a gave_up/not_found row back to polling now; False if there is no such row."""
@@ -307,26 +364,27 @@ class PgStore:
                 await conn.close()
 
     # -- submission intents -----------------------------------------------------------------
-    async def add_intent(self, key: str, payload: dict[str, Any], priority: int = 0
-                         ) -> tuple[Intent, bool]:
+    async def add_intent(self, key: str, payload: dict[str, Any], priority: int = 0,
+                         account: str = DEFAULT_ACCOUNT) -> tuple[Intent, bool]:
         """Record an intent before any POST; returns (intent, newly recorded).
 
         The same key with the same payload returns the existing intent untouched (a re-run is
         harmless); the same key with another payload raises KeyConflict.
         """
         validate_key(key)
+        validate_account(account)
         payload = validate_payload(payload)
         row = await self._one("insert_intent", {"key": key, "payload": Jsonb(payload),
-                                                "priority": priority})
+                                                "priority": priority, "account": account})
         intent = await self.get_intent(key)
         assert intent is not None
-        if row is None and intent.payload != payload:
+        if row is None and (intent.payload != payload or intent.account != account):
             raise KeyConflict(f"idempotency key {key!r} is already recorded with a different "
-                              "payload; use a new key for a new request")
+                              "payload or account; use a new key for a new request")
         return intent, row is not None
 
-    async def add_intents(self, items: Sequence[tuple[str, dict[str, Any], int]]
-                          ) -> tuple[int, list[str]]:
+    async def add_intents(self, items: Sequence[tuple[str, dict[str, Any], int]],
+                          account: str = DEFAULT_ACCOUNT) -> tuple[int, list[str]]:
         """Bulk-record (key, payload, priority) in one transaction.
 
         Returns (how many were new, keys already recorded, or repeated in `items`, with a
@@ -344,7 +402,7 @@ class PgStore:
         async with _translate_errors(), self._pool.connection() as conn, conn.transaction():
             cur = await conn.execute(_q("insert_intents"), {
                 "keys": [k for k, _, _ in items], "payloads": [Jsonb(p) for _, p, _ in items],
-                "priorities": [pr for _, _, pr in items]})
+                "priorities": [pr for _, _, pr in items], "account": validate_account(account)})
             new = {r[0] for r in await cur.fetchall()}
             old = [k for k, _, _ in items if k not in new]
             if old:
@@ -370,19 +428,21 @@ class PgStore:
 
     async def claim_intents(self, limit: int, lease_s: float, worker_id: str,
                             max_active: int | None, key: str | None = None,
+                            account: str = DEFAULT_ACCOUNT,
                             now: datetime | None = None) -> list[ClaimedIntent]:
-        """Claim due intents for sending (committed at once), within the admission cap."""
+        """Claim one account's due intents (committed at once), within its admission cap."""
         params = {"limit": limit, "lease_s": lease_s, "worker_id": worker_id,
-                  "max_active": max_active, "key": key, "now": now}
+                  "max_active": max_active, "key": key, "now": now, "account": account}
         async with _translate_errors(), self._pool.connection() as conn, conn.transaction():
             if max_active is not None:
-                await conn.execute(_q("lock_admission"))
+                await conn.execute(_q("lock_admission"), {"account": account})
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(_q("claim_intents"), params)
             rows = await cur.fetchall()
         return [ClaimedIntent(key=r["idempotency_key"], claim_token=r["claim_token"],
                               payload=r["payload"], attempts=r["attempts"],
-                              consecutive_errors=r["consecutive_errors"]) for r in rows]
+                              consecutive_errors=r["consecutive_errors"],
+                              account=r["account"]) for r in rows]
 
     async def record_submit(self, outcome: SubmitOutcome, first_poll_s: float = 15.0,
                             now: datetime | None = None) -> bool:
@@ -423,19 +483,20 @@ class PgStore:
                                                    "code": code, "now": None})
         return [r["idempotency_key"] for r in rows]
 
-    async def next_intent_due_in(self) -> float | None:
+    async def next_intent_due_in(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,)
+                                 ) -> float | None:
         """Seconds until the earliest queued intent is due; None if none is queued."""
-        row = await self._one("next_intent_due_in", {})
+        row = await self._one("next_intent_due_in", {"accounts": list(accounts)})
         return None if row is None else cast(float | None, row["next_due_in_s"])
 
-    async def has_queued_intents(self) -> bool:
-        """True while any intent is still waiting to be sent."""
-        row = await self._one("has_queued_intents", {})
+    async def has_queued_intents(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,)) -> bool:
+        """True while any intent of `accounts` is still waiting to be sent."""
+        row = await self._one("has_queued_intents", {"accounts": list(accounts)})
         return bool(row and row["has_queued"])
 
-    async def admission(self) -> dict[str, int]:
+    async def admission(self, account: str | None = None) -> dict[str, int]:
         """pending_jobs, unconfirmed (attempted, still queued) and queued intents."""
-        row = await self._one("admission", {})
+        row = await self._one("admission", {"account": account})
         assert row is not None
         return {k: int(v) for k, v in row.items()}
 

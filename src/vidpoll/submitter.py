@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from vidpoll.config import DEFAULT_FIRST_POLL_S, DEFAULT_MAX_ACTIVE
 from vidpoll.errors import ConfigError, DatabaseUnavailable
 from vidpoll.models import (
+    DEFAULT_ACCOUNT,
     QUEUED,
     REJECTED,
     SUBMITTED,
@@ -35,10 +36,13 @@ from vidpoll.models import (
 )
 from vidpoll.policy import (
     AuthPause,
+    Budget,
+    Grant,
     PollPolicy,
     auth_pause_delay,
     backoff_delay,
     decide_submit,
+    server_pause_s,
 )
 from vidpoll.runner import DB_BACKOFF_MAX_S, IDLE_MAX_S, Runner, default_worker_id, utc_now
 
@@ -58,9 +62,9 @@ class IntentStore(Protocol):
     """What the submitter needs from PostgreSQL."""
 
     async def claim_intents(self, limit: int, lease_s: float, worker_id: str,
-                            max_active: int | None, key: str | None = None
-                            ) -> list[ClaimedIntent]:
-        """Claim due intents within the admission cap, committed at once."""
+                            max_active: int | None, key: str | None = None,
+                            account: str = ...) -> list[ClaimedIntent]:
+        """Claim one account's due intents within its admission cap, committed at once."""
 
     async def record_submit(self, outcome: SubmitOutcome, first_poll_s: float = ...) -> bool:
         """Write one POST's outcome, fenced; False if another owner has the intent now."""
@@ -68,11 +72,20 @@ class IntentStore(Protocol):
     async def release_intent(self, intent: ClaimedIntent, delay_s: float) -> bool:
         """Give an intent back unsent."""
 
-    async def next_intent_due_in(self) -> float | None:
+    async def next_intent_due_in(self, accounts: Sequence[str] = ...) -> float | None:
         """Seconds until the earliest queued intent is due."""
 
-    async def has_queued_intents(self) -> bool:
+    async def has_queued_intents(self, accounts: Sequence[str] = ...) -> bool:
         """Whether any intent still waits to be sent."""
+
+    async def take_tokens(self, account: str, kind: str, want: int, budget: Budget) -> Grant:
+        """Take up to `want` tokens from the fleet's bucket."""
+
+    async def refund_tokens(self, account: str, kind: str, n: int) -> None:
+        """Give back tokens that were not used."""
+
+    async def pause_bucket(self, account: str, kind: str, seconds: float) -> None:
+        """Pause every submitter's creates for the account."""
 
     def notifications(self, channels: Sequence[str] = ...) -> AsyncIterator[Notice]:
         """One item once listening, then one per NOTIFY on `channels`."""
@@ -99,6 +112,10 @@ class SubmitterConfig:
     idle_max_s: float = IDLE_MAX_S
     policy: PollPolicy = field(default_factory=PollPolicy)
     worker_id: str = field(default_factory=default_worker_id)
+    accounts: tuple[str, ...] = (DEFAULT_ACCOUNT,)
+    """The accounts this submitter sends for (it has their keys)."""
+    budgets: Mapping[str, Budget] = field(default_factory=dict)
+    """Create budgets by account, shared by the fleet; an account without one is unlimited."""
 
     def __post_init__(self) -> None:
         if self.lease_s < self.http_timeout_s + MIN_LEASE_MARGIN_S:
@@ -124,12 +141,15 @@ class SubmitStats:
 class Submitter(Runner):
     """Sends queued intents, at most `concurrency` POSTs at once, within `max_active`."""
 
-    def __init__(self, store: IntentStore, creator: VideoCreator, config: SubmitterConfig,
-                 rng: random.Random | None = None,
+    def __init__(self, store: IntentStore, creator: VideoCreator | Mapping[str, VideoCreator],
+                 config: SubmitterConfig, rng: random.Random | None = None,
                  clock: Callable[[], datetime] = utc_now) -> None:
         super().__init__(config.policy, rng, clock)
         self.store = store
-        self.creator = creator
+        self.creators: Mapping[str, VideoCreator] = (
+            creator if isinstance(creator, Mapping) else {DEFAULT_ACCOUNT: creator})
+        self._budget_wait: float | None = None
+        self._turn = 0
         self.config = config
         self.stats = SubmitStats()
         self._auth_failures = 0
@@ -175,8 +195,7 @@ class Submitter(Runner):
             try:
                 # taken before the claim: the lease guard must count any wait inside it
                 claimed_at = loop.time()
-                intents = await self.store.claim_intents(limit, cfg.lease_s, cfg.worker_id,
-                                                         cfg.max_active)
+                intents = await self._claim(limit)
                 db_failures = 0
                 self.stats.claims += 1
                 if self._stopping.is_set():  # stop() arrived during the claim: give them back
@@ -200,16 +219,45 @@ class Submitter(Runner):
             await self.signals.pulse()
             await self._sleep(delay)
 
+    async def _claim(self, limit: int) -> list[ClaimedIntent]:
+        """Each account in turn (a different one first each time), within its create budget."""
+        cfg = self.config
+        self._budget_wait = None
+        self._turn += 1
+        claimed: list[ClaimedIntent] = []
+        for i in range(len(cfg.accounts)):
+            account = cfg.accounts[(self._turn + i) % len(cfg.accounts)]
+            want = limit - len(claimed)
+            if want <= 0:
+                break
+            budget = cfg.budgets.get(account)
+            if budget is not None:
+                grant = await self.store.take_tokens(account, "create", want, budget)
+                if grant.granted < want:
+                    self._budget_wait = min(self._budget_wait or grant.wait_s, grant.wait_s)
+                want = grant.granted
+                if want == 0:
+                    continue
+            got = await self.store.claim_intents(want, cfg.lease_s, cfg.worker_id,
+                                                 cfg.max_active, account=account)
+            if budget is not None and len(got) < want:
+                await self.store.refund_tokens(account, "create", want - len(got))
+            claimed += got
+        return claimed
+
     async def _idle_delay(self, claimed: int) -> float | None:
         cfg = self.config
+        if self._budget_wait is not None:
+            # the fleet's create budget ran out: ask again when its next token is due
+            return min(cfg.idle_max_s, max(0.05, self._budget_wait))
         if claimed or self._inflight:
             # more may be due but held back by the cap: a finishing POST or job wakes us
             return RECHECK_S if not claimed else cfg.idle_max_s
-        if cfg.drain and not await self.store.has_queued_intents():
+        if cfg.drain and not await self.store.has_queued_intents(cfg.accounts):
             log.info("drain: no queued intent left")
             self._stopping.set()
             return None
-        due_in = await self.store.next_intent_due_in()
+        due_in = await self.store.next_intent_due_in(cfg.accounts)
         if due_in is None:
             return cfg.idle_max_s
         if due_in <= 0:
@@ -250,11 +298,17 @@ class Submitter(Runner):
             return None
         self.stats.posts += 1
         try:
-            answer = await self.creator.create_video(intent.payload, intent.key)
+            answer = await self.creators[intent.account].create_video(intent.payload,
+                                                                       intent.key)
         except Exception as exc:  # the client promises answers; be safe anyway
             log.exception("intent %s: create call raised", intent.key)
             answer = HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
                                 detail=type(exc).__name__)
+        pause = server_pause_s(answer, self._clock(), cfg.policy)
+        if pause is not None:
+            # the fleet stops creating for this account until the server's reset
+            with contextlib.suppress(DatabaseUnavailable):
+                await self.store.pause_bucket(intent.account, "create", pause)
         decision = decide_submit(intent, answer, self._clock(), cfg.policy, self._rng)
         if isinstance(decision, AuthPause):
             delay = self._pause_for_auth(decision)
@@ -346,17 +400,23 @@ class Submitter(Runner):
 
 
 async def submit_now(store: IntentStore, creator: VideoCreator, config: SubmitterConfig,
-                     key: str) -> SubmitOutcome | AuthPause | None:
+                     key: str, account: str = DEFAULT_ACCOUNT
+                     ) -> SubmitOutcome | AuthPause | None:
     """Claim one intent by key (if its turn has come under the cap) and send it once.
 
     Returns the recorded outcome, an AuthPause, or None if it could not be claimed now (the
-    cap is reached, intents are ahead of it, or it is not due); it then stays queued for a
-    running worker.
+    cap is reached, intents are ahead of it, it is not due, or the account's create budget has
+    no token left); it then stays queued for a running worker.
     """
+    budget = config.budgets.get(account)
+    if budget is not None and (await store.take_tokens(account, "create", 1, budget)).granted < 1:
+        return None
     claimed_at = asyncio.get_running_loop().time()
     claimed = await store.claim_intents(1, config.lease_s, config.worker_id, config.max_active,
-                                        key=key)
+                                        key=key, account=account)
     if not claimed:
+        if budget is not None:
+            await store.refund_tokens(account, "create", 1)
         return None
-    submitter = Submitter(store, creator, config)
+    submitter = Submitter(store, {account: creator}, config)
     return await submitter.send(claimed[0], claimed_at)

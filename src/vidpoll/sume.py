@@ -98,8 +98,14 @@ class SumeClient:
                 if len(body) > MAX_BODY_BYTES:
                     return HttpAnswer(resp.status, b"", transport_error=ErrorClass.MALFORMED,
                                       detail=f"body larger than {MAX_BODY_BYTES} bytes")
-                return HttpAnswer(resp.status, body, retry_after=resp.headers.get("Retry-After"),
-                                  request_id=resp.headers.get("X-Request-Id"))
+                headers = resp.headers
+                return HttpAnswer(
+                    resp.status, body, retry_after=headers.get("Retry-After"),
+                    request_id=headers.get("X-Request-Id"),
+                    ratelimit_remaining=(headers.get("RateLimit-Remaining")
+                                         or headers.get("X-RateLimit-Remaining")),
+                    ratelimit_reset=(headers.get("RateLimit-Reset")
+                                     or headers.get("X-RateLimit-Reset")))
         except TimeoutError:
             return HttpAnswer(None, transport_error=ErrorClass.TIMEOUT,
                               detail=f"no answer within {self._timeout.total:g} s")

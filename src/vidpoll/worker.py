@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from vidpoll.errors import DatabaseUnavailable
 from vidpoll.models import (
+    DEFAULT_ACCOUNT,
     PENDING,
     ClaimedJob,
     ClaimMode,
@@ -30,10 +31,13 @@ from vidpoll.models import (
 from vidpoll.policy import (
     IN_PROGRESS_STATUSES,
     AuthPause,
+    Budget,
+    Grant,
     PollPolicy,
     auth_pause_delay,
     backoff_delay,
     decide,
+    server_pause_s,
 )
 from vidpoll.runner import (
     DB_BACKOFF_MAX_S,
@@ -59,13 +63,14 @@ class LockedBatchLike(Protocol):
 
 
 class Store(Protocol):
-    """What the worker needs from the job table."""
+    """What the worker needs from the job table (and the fleet's rate budget)."""
 
-    async def claim(self, limit: int, lease_s: float, worker_id: str) -> list[ClaimedJob]:
+    async def claim(self, limit: int, lease_s: float, worker_id: str,
+                    accounts: Sequence[str] = ...) -> list[ClaimedJob]:
         """Lease-mode claim, committed at once."""
 
-    def lock_batch(self, limit: int,
-                   worker_id: str) -> AbstractAsyncContextManager[LockedBatchLike]:
+    def lock_batch(self, limit: int, worker_id: str, accounts: Sequence[str] = ...
+                   ) -> AbstractAsyncContextManager[LockedBatchLike]:
         """Lock-mode claim, locks held until the block ends."""
 
     async def record(self, outcomes: Sequence[Outcome]) -> set[str]:
@@ -74,14 +79,23 @@ class Store(Protocol):
     async def release(self, jobs: Sequence[ClaimedJob]) -> set[str]:
         """Give rows back unread."""
 
-    async def next_due_in(self) -> float | None:
+    async def next_due_in(self, accounts: Sequence[str] = ...) -> float | None:
         """Seconds until the next pending row is due."""
 
-    async def has_pending(self) -> bool:
+    async def has_pending(self, accounts: Sequence[str] = ...) -> bool:
         """Whether any row is still pending."""
 
-    async def has_queued_intents(self) -> bool:
+    async def has_queued_intents(self, accounts: Sequence[str] = ...) -> bool:
         """Whether any submission intent still waits to be sent."""
+
+    async def take_tokens(self, account: str, kind: str, want: int, budget: Budget) -> Grant:
+        """Take up to `want` tokens from the fleet's bucket."""
+
+    async def refund_tokens(self, account: str, kind: str, n: int) -> None:
+        """Give back tokens that were not used."""
+
+    async def pause_bucket(self, account: str, kind: str, seconds: float) -> None:
+        """Pause every worker's calls of this kind for the account."""
 
     def notifications(self) -> AsyncIterator[Notice]:
         """One item once listening, then one per NOTIFY on the jobs channel."""
@@ -109,19 +123,28 @@ class WorkerConfig:
     idle_max_s: float = IDLE_MAX_S
     policy: PollPolicy = field(default_factory=PollPolicy)
     worker_id: str = field(default_factory=default_worker_id)
+    accounts: tuple[str, ...] = (DEFAULT_ACCOUNT,)
+    """The accounts this worker polls (it has their keys); others' rows are left alone."""
+    budgets: Mapping[str, Budget] = field(default_factory=dict)
+    """Status-read budgets by account, shared by the fleet; an account without one is unlimited."""
 
 
 class Worker(Runner):
     """One process's poller: many concurrent reads, few database connections."""
 
-    def __init__(self, store: Store, reader: StatusReader, config: WorkerConfig,
-                 rng: random.Random | None = None,
+    def __init__(self, store: Store, reader: StatusReader | Mapping[str, StatusReader],
+                 config: WorkerConfig, rng: random.Random | None = None,
                  clock: Callable[[], datetime] = utc_now) -> None:
         super().__init__(config.policy, rng, clock)
         self.store = store
-        self.reader = reader
+        # one reader (one API key) per account; a single reader serves the default account
+        self.readers: Mapping[str, StatusReader] = (
+            reader if isinstance(reader, Mapping) else {DEFAULT_ACCOUNT: reader})
         self.config = config
         self.stats = WorkerStats()
+        self._pauses: dict[str, float] = {}
+        self._budget_wait: float | None = None
+        self._turn = 0
         self._outbox: list[Outcome] = []
         self._outbox_ready = asyncio.Event()
         self._release: list[ClaimedJob] = []
@@ -209,19 +232,26 @@ class Worker(Runner):
         cfg = self.config
         # intents first: a submission commits its job row as its intent leaves the queue, so
         # "no queued intent" followed by "no pending job" cannot miss a job in between
+        accounts = cfg.accounts
         if (cfg.drain and claimed == 0 and self._inflight == 0 and not self._outbox
-                and not (cfg.drain_waits_for_intents and await self.store.has_queued_intents())
-                and not await self.store.has_pending()):
+                and not (cfg.drain_waits_for_intents
+                         and await self.store.has_queued_intents(accounts))
+                and not await self.store.has_pending(accounts)):
             log.info("drain: no pending row left")
             self._stopping.set()
             return None
         if claimed:
+            if self._budget_wait is not None:  # the budget, not the rows, ran out
+                return min(cfg.idle_max_s, max(BUSY_RETRY_S / 5, self._budget_wait))
             return 0.0 if self._inflight < cfg.concurrency else cfg.idle_max_s
-        due_in = await self.store.next_due_in()
+        due_in = await self.store.next_due_in(accounts)
         if due_in is None:
             return cfg.idle_max_s
         if due_in <= 0:
-            return BUSY_RETRY_S  # due rows exist but others hold them
+            if self._budget_wait is not None:
+                # due rows wait for the fleet's budget: ask again when a token is due
+                return min(cfg.idle_max_s, max(BUSY_RETRY_S / 5, self._budget_wait))
+            return BUSY_RETRY_S  # due rows exist but others hold them (or a server pause)
         return min(cfg.idle_max_s, due_in + 0.005)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -230,9 +260,36 @@ class Worker(Runner):
         task.add_done_callback(self._tasks.discard)
 
     async def _claim_and_dispatch(self, limit: int) -> int:
+        """Claim within the budget: unlimited accounts together, then each budgeted one for
+        as many rows as the fleet's bucket grants (unused tokens go back)."""
+        cfg = self.config
+        self._budget_wait = None
+        claimed = 0
+        unlimited = [a for a in cfg.accounts if a not in cfg.budgets]
+        if unlimited:
+            claimed += await self._claim_some(limit, unlimited)
+        budgeted = [a for a in cfg.accounts if a in cfg.budgets]
+        self._turn += 1
+        for i in range(len(budgeted)):  # a different account first each turn: no starvation
+            account = budgeted[(self._turn + i) % len(budgeted)]
+            want = limit - claimed
+            if want <= 0 or self._stopping.is_set():
+                break
+            grant = await self.store.take_tokens(account, "status", want, cfg.budgets[account])
+            if grant.granted < want:
+                self._budget_wait = min(self._budget_wait or grant.wait_s, grant.wait_s)
+            if grant.granted == 0:
+                continue
+            n = await self._claim_some(grant.granted, [account])
+            if n < grant.granted:
+                await self.store.refund_tokens(account, "status", grant.granted - n)
+            claimed += n
+        return claimed
+
+    async def _claim_some(self, limit: int, accounts: Sequence[str]) -> int:
         cfg = self.config
         if cfg.claim_mode is ClaimMode.LEASE:
-            jobs = await self.store.claim(limit, cfg.lease_s, cfg.worker_id)
+            jobs = await self.store.claim(limit, cfg.lease_s, cfg.worker_id, accounts)
             self._count_claim(len(jobs))
             if self._stopping.is_set():  # stop() arrived during the claim: give them back
                 await self.store.release(jobs)
@@ -246,7 +303,7 @@ class Worker(Runner):
             self._lanes.release()
             return 0
         claimed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._spawn(self._locked_batch(limit, claimed))
+        self._spawn(self._locked_batch(limit, accounts, claimed))
         return await claimed
 
     def _count_claim(self, n: int) -> None:
@@ -257,12 +314,17 @@ class Worker(Runner):
     async def _read(self, job: ClaimedJob) -> Outcome | None:
         """One status read and its decision; None means 'give the row back unread'."""
         try:
-            answer = await self.reader.read_status(job.job_id)
+            answer = await self.readers[job.account].read_status(job.job_id)
         except Exception as exc:  # the reader promises answers, not exceptions; be safe
             log.exception("job %s: status read raised", job.job_id)
             answer = HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
                                 detail=type(exc).__name__)
         self.stats.reads += 1
+        pause = server_pause_s(answer, self._clock(), self.config.policy)
+        if pause is not None:
+            # the server's word goes to the fleet's bucket (written by the writer, batched)
+            self._pauses[job.account] = max(pause, self._pauses.get(job.account, 0.0))
+            self._outbox_ready.set()
         try:
             decision = decide(job, answer, self._clock(), self.config.policy, self._rng)
         except Exception as exc:
@@ -318,10 +380,11 @@ class Worker(Runner):
             self._inflight -= 1
         self._outbox_ready.set()
 
-    async def _locked_batch(self, limit: int, claimed: asyncio.Future[int]) -> None:
+    async def _locked_batch(self, limit: int, accounts: Sequence[str],
+                            claimed: asyncio.Future[int]) -> None:
         n = 0
         try:
-            async with self.store.lock_batch(limit, self.config.worker_id) as batch:
+            async with self.store.lock_batch(limit, self.config.worker_id, accounts) as batch:
                 n = len(batch.jobs)
                 self._inflight += n
                 self._count_claim(n)
@@ -364,7 +427,7 @@ class Worker(Runner):
         """Writes queued outcomes in batches: one statement for everything read meanwhile."""
         failures = 0
         while True:
-            if not self._outbox and not self._release:
+            if not self._outbox and not self._release and not self._pauses:
                 if self._writer_may_exit:
                     return
                 self._outbox_ready.clear()
@@ -372,7 +435,11 @@ class Worker(Runner):
                 continue
             batch, self._outbox = self._outbox, []
             release, self._release = self._release, []
+            pauses, self._pauses = self._pauses, {}
             try:
+                for account, seconds in pauses.items():
+                    await self.store.pause_bucket(account, "status", seconds)
+                    self.stats.server_pauses += 1
                 applied = await self.store.record(batch) if batch else set()
                 if release:
                     await self.store.release(release)
@@ -381,6 +448,8 @@ class Worker(Runner):
                 self._db_unavailable(exc)
                 self._outbox[:0] = batch
                 self._release[:0] = release
+                for account, seconds in pauses.items():
+                    self._pauses[account] = max(seconds, self._pauses.get(account, 0.0))
                 if self._writer_may_exit:
                     log.error("stopping with %d unrecorded results; their rows come due again "
                               "when their leases end", len(self._outbox))

@@ -116,7 +116,8 @@ def test_claim_uses_the_partial_index(db_url):
         conn.execute("ANALYZE video_jobs")
         plan = "\n".join(r[0] for r in conn.execute(
             "EXPLAIN " + QUERIES["claim_due"],
-            {"limit": 100, "lease_s": 25.0, "worker_id": "w", "now": None}).fetchall())
+            {"limit": 100, "lease_s": 25.0, "worker_id": "w", "now": None,
+             "accounts": ["default"]}).fetchall())
     assert "video_jobs_next_poll_at_idx" in plan, plan
     assert "Seq Scan" not in plan, plan
 

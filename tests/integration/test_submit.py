@@ -249,7 +249,7 @@ def test_a_lease_not_longer_than_the_http_timeout_is_refused(lease_s):
 async def test_the_lease_starts_after_the_wait_for_the_admission_lock(store, db_url):
     await store.add_intent("k1", PROMPT)
     async with await psycopg.AsyncConnection.connect(db_url) as holder:
-        await holder.execute("SELECT pg_advisory_xact_lock(7306198364525512)")
+        await holder.execute("SELECT pg_advisory_xact_lock(730619836, hashtext('default'))")
         claim = asyncio.create_task(store.claim_intents(1, 5.0, "w", max_active=10))
         await asyncio.sleep(1.0)  # the claim waits for the admission lock all this time
         assert not claim.done()
@@ -445,7 +445,7 @@ def test_the_intent_claim_uses_the_queue_index(db_url):
         plan = "\n".join(r[0] for r in conn.execute(
             "EXPLAIN " + QUERIES["claim_intents"],
             {"limit": 8, "lease_s": 25.0, "worker_id": "w", "max_active": 50, "key": None,
-             "now": None}).fetchall())
+             "now": None, "account": "default"}).fetchall())
     assert "video_intents_queue_idx" in plan, plan
     assert "Seq Scan on video_intents" not in plan, plan
     assert "Seq Scan on video_jobs" not in plan, plan

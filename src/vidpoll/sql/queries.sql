@@ -15,6 +15,13 @@ WITH due AS (
   FROM video_jobs
   WHERE state = 'pending'
     AND next_poll_at <= coalesce(%(now)s::timestamptz, now())
+    -- only accounts whose API key this worker has
+    AND account = ANY(%(accounts)s::text[])
+    -- a server-side pause (a 429, or RateLimit-Remaining: 0) stops every worker's reads of
+    -- that account until the server's reset; one primary-key probe per candidate row
+    AND NOT EXISTS (SELECT 1 FROM vidpoll_rate_buckets b
+                    WHERE b.account = video_jobs.account AND b.kind = 'status'
+                      AND b.paused_until > clock_timestamp())
   ORDER BY next_poll_at
   LIMIT %(limit)s
   FOR UPDATE SKIP LOCKED
@@ -32,7 +39,7 @@ FROM due
 -- (a join on job_id lets the planner pick a hash join over the whole table when it is small)
 WHERE j.ctid = due.ctid
 RETURNING j.job_id, j.claim_token, due.next_poll_at AS due_at, j.polling_since, j.polls,
-          j.consecutive_errors, j.not_found_count;
+          j.consecutive_errors, j.not_found_count, j.account;
 
 -- name: record_outcomes
 -- Writes a batch of read results in one statement. The WHERE clause is the fence: a row is
@@ -88,18 +95,20 @@ RETURNING j.job_id;
 -- Seconds until the earliest pending row is due (negative if overdue), by the database's clock
 -- so worker clock skew does not matter; min() over the partial index is one index probe.
 SELECT extract(epoch FROM min(next_poll_at) - now())::float8 AS next_due_in_s
-FROM video_jobs WHERE state = 'pending';
+FROM video_jobs WHERE state = 'pending' AND account = ANY(%(accounts)s::text[]);
 
 -- name: has_pending
 -- For --drain: is any row still being polled (claimed or not)?
-SELECT EXISTS (SELECT 1 FROM video_jobs WHERE state = 'pending') AS has_pending;
+SELECT EXISTS (SELECT 1 FROM video_jobs
+               WHERE state = 'pending' AND account = ANY(%(accounts)s::text[])) AS has_pending;
 
 -- name: insert_job
 -- Tracks a job id Sume returned. ON CONFLICT keeps the first row: a job id we already have is
 -- never reset, so re-adding after a crash cannot restart polling or lose the record.
-INSERT INTO video_jobs (job_id, state, next_poll_at)
+INSERT INTO video_jobs (job_id, state, next_poll_at, account)
 VALUES (%(job_id)s, 'pending',
-        coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8))
+        coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
+        %(account)s)
 ON CONFLICT (job_id) DO NOTHING
 RETURNING job_id;
 
@@ -178,15 +187,16 @@ SELECT 1 FROM pg_database WHERE datname = %(name)s;
 -- name: insert_intent
 -- Records an intent. ON CONFLICT keeps the first: a key we already have is never re-queued or
 -- changed, so recording again after a crash or a re-run cannot send a second POST.
-INSERT INTO video_intents (idempotency_key, payload, priority)
-VALUES (%(key)s, %(payload)s, %(priority)s)
+INSERT INTO video_intents (idempotency_key, payload, priority, account)
+VALUES (%(key)s, %(payload)s, %(priority)s, %(account)s)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING idempotency_key;
 
 -- name: insert_intents
 -- The bulk path (`submit --file`): one statement per batch; returns the keys that were new.
-INSERT INTO video_intents (idempotency_key, payload, priority)
-SELECT * FROM unnest(%(keys)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[])
+INSERT INTO video_intents (idempotency_key, payload, priority, account)
+SELECT k, p, pr, %(account)s
+FROM unnest(%(keys)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[]) AS u(k, p, pr)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING idempotency_key;
 
@@ -208,12 +218,13 @@ ORDER BY seq DESC
 LIMIT %(limit)s;
 
 -- name: lock_admission
--- Serialises admission decisions fleet-wide for the rest of the transaction: two submitters
--- that each counted "one slot left" must not both take it.
-SELECT pg_advisory_xact_lock(7306198364525512);
+-- Serialises admission decisions for one account fleet-wide for the rest of the transaction:
+-- two submitters that each counted "one slot left" must not both take it.
+SELECT pg_advisory_xact_lock(730619836, hashtext(%(account)s));
 
 -- name: claim_intents
--- Claims due intents for sending, committed at once (the lease is the schedule, as for jobs).
+-- Claims one account's due intents for sending, committed at once (the lease is the schedule,
+-- as for jobs); the cap counts that account's renders only (Sume caps each account).
 -- An intent already attempted (attempts > 0) may have started a render, so it holds a slot
 -- under --max-active and is claimed without needing a new one; a fresh intent needs a free
 -- slot. Fresh intents go strictly in (priority DESC, seq) order; with %(key)s set only that
@@ -222,10 +233,12 @@ WITH active AS (
   -- pending jobs and intents that may have started a render, each count bounded by the cap
   -- so the cost stays small however large the table is
   SELECT CASE WHEN %(max_active)s::int IS NULL THEN 0 ELSE
-           (SELECT count(*) FROM (SELECT 1 FROM video_jobs WHERE state = 'pending'
+           (SELECT count(*) FROM (SELECT 1 FROM video_jobs
+                                  WHERE state = 'pending' AND account = %(account)s
                                   LIMIT %(max_active)s::int) p)
          + (SELECT count(*) FROM (SELECT 1 FROM video_intents
                                   WHERE state = 'queued' AND attempts > 0
+                                    AND account = %(account)s
                                   LIMIT %(max_active)s::int) q)
          END AS n
 ),
@@ -235,13 +248,20 @@ me AS (
 ahead AS (
   -- due fresh intents that go before the one asked for by key (FIFO within priority)
   SELECT count(*) AS n FROM video_intents a, me
-  WHERE a.state = 'queued' AND a.attempts = 0
+  WHERE a.state = 'queued' AND a.attempts = 0 AND a.account = %(account)s
     AND a.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
     AND (a.priority > me.priority OR (a.priority = me.priority AND a.seq < me.seq))
 ),
+paused AS (
+  -- the server said stop (429, RateLimit-Remaining: 0): no create for this account until then
+  SELECT EXISTS (SELECT 1 FROM vidpoll_rate_buckets
+                 WHERE account = %(account)s AND kind = 'create'
+                   AND paused_until > clock_timestamp()) AS yes
+),
 retries AS (
   SELECT ctid FROM video_intents
-  WHERE state = 'queued' AND attempts > 0
+  WHERE state = 'queued' AND attempts > 0 AND account = %(account)s
+    AND NOT (SELECT yes FROM paused)
     AND next_attempt_at <= coalesce(%(now)s::timestamptz, now())
     AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
   ORDER BY priority DESC, seq
@@ -250,7 +270,8 @@ retries AS (
 ),
 fresh AS (
   SELECT ctid FROM video_intents
-  WHERE state = 'queued' AND attempts = 0
+  WHERE state = 'queued' AND attempts = 0 AND account = %(account)s
+    AND NOT (SELECT yes FROM paused)
     AND next_attempt_at <= coalesce(%(now)s::timestamptz, now())
     AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
   ORDER BY priority DESC, seq
@@ -275,19 +296,25 @@ SET next_attempt_at = coalesce(%(now)s::timestamptz, clock_timestamp())
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM picked
 WHERE i.ctid = picked.ctid
-RETURNING i.idempotency_key, i.claim_token, i.payload, i.attempts, i.consecutive_errors;
+RETURNING i.idempotency_key, i.claim_token, i.payload, i.attempts, i.consecutive_errors,
+          i.account;
 
 -- name: admission
--- For `submit` and `intents stats`: how many renders may be running, and what is queued.
+-- For `submit` and `intents stats`: how many renders of an account (NULL: all) may be
+-- running, and what is queued.
 SELECT
-  (SELECT count(*) FROM video_jobs WHERE state = 'pending') AS pending_jobs,
-  (SELECT count(*) FROM video_intents WHERE state = 'queued' AND attempts > 0) AS unconfirmed,
-  (SELECT count(*) FROM video_intents WHERE state = 'queued') AS queued;
+  (SELECT count(*) FROM video_jobs WHERE state = 'pending'
+     AND (%(account)s::text IS NULL OR account = %(account)s)) AS pending_jobs,
+  (SELECT count(*) FROM video_intents WHERE state = 'queued' AND attempts > 0
+     AND (%(account)s::text IS NULL OR account = %(account)s)) AS unconfirmed,
+  (SELECT count(*) FROM video_intents WHERE state = 'queued'
+     AND (%(account)s::text IS NULL OR account = %(account)s)) AS queued;
 
 -- name: intents_ahead
 -- Queued intents that go out before this one (FIFO within priority).
 SELECT count(*) AS n FROM video_intents a, video_intents me
-WHERE me.idempotency_key = %(key)s AND a.state = 'queued' AND a.idempotency_key <> me.idempotency_key
+WHERE me.idempotency_key = %(key)s AND a.state = 'queued' AND a.account = me.account
+  AND a.idempotency_key <> me.idempotency_key
   AND (a.priority > me.priority OR (a.priority = me.priority AND a.seq < me.seq));
 
 -- name: record_submitted
@@ -296,10 +323,12 @@ WHERE me.idempotency_key = %(key)s AND a.state = 'queued' AND a.idempotency_key 
 -- sent again, which returns this same job). The job row is written even if the intent's fence
 -- failed: the id is Sume's answer for this key whoever asked, and a paid job must be tracked.
 WITH job AS (
-  INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key)
+  INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key, account)
   VALUES (%(job_id)s, 'pending',
           coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
-          %(key)s)
+          %(key)s,
+          coalesce((SELECT account FROM video_intents WHERE idempotency_key = %(key)s),
+                   'default'))
   ON CONFLICT (job_id) DO UPDATE
     SET idempotency_key = coalesce(video_jobs.idempotency_key, EXCLUDED.idempotency_key)
   RETURNING (xmax = 0) AS inserted
@@ -372,11 +401,79 @@ RETURNING idempotency_key;
 -- name: next_intent_due_in
 -- Seconds until the earliest queued intent is due (database clock); NULL if none is queued.
 SELECT extract(epoch FROM min(next_attempt_at) - now())::float8 AS next_due_in_s
-FROM video_intents WHERE state = 'queued';
+FROM video_intents WHERE state = 'queued' AND account = ANY(%(accounts)s::text[]);
 
 -- name: count_intents_by_state
 SELECT state, count(*) AS n FROM video_intents GROUP BY state ORDER BY state;
 
 -- name: has_queued_intents
 -- For --drain with the submitter on: is any intent still waiting to be sent?
-SELECT EXISTS (SELECT 1 FROM video_intents WHERE state = 'queued') AS has_queued;
+SELECT EXISTS (SELECT 1 FROM video_intents
+               WHERE state = 'queued' AND account = ANY(%(accounts)s::text[])) AS has_queued;
+
+
+-- ---------------------------------------------------------------------------------------------
+-- The fleet-wide rate budget (0004): one token bucket per account and kind of call.
+
+-- name: bucket_for_update
+-- Locks one bucket for the rest of the transaction and says how much time has passed since it
+-- was last refilled, by the database's clock (every worker shares it, whatever theirs say).
+SELECT tokens, clock_timestamp() AS at,
+       greatest(0, extract(epoch FROM clock_timestamp() - updated_at))::float8 AS elapsed_s,
+       greatest(0, coalesce(extract(epoch FROM paused_until - clock_timestamp()), 0))::float8
+         AS paused_s
+FROM vidpoll_rate_buckets
+WHERE account = %(account)s AND kind = %(kind)s
+FOR UPDATE;
+
+-- name: bucket_create
+-- A new bucket starts full (one burst), as a fresh fleet would.
+INSERT INTO vidpoll_rate_buckets (account, kind, tokens, rate_per_s, burst)
+VALUES (%(account)s, %(kind)s, %(burst)s, %(rate_per_s)s, %(burst)s)
+ON CONFLICT (account, kind) DO NOTHING;
+
+-- name: bucket_spend
+-- Writes the refilled-then-spent token count, as of the moment bucket_for_update read.
+UPDATE vidpoll_rate_buckets
+SET tokens = %(tokens)s, updated_at = %(at)s, rate_per_s = %(rate_per_s)s, burst = %(burst)s
+WHERE account = %(account)s AND kind = %(kind)s;
+
+-- name: bucket_refund
+-- Gives back tokens taken for rows that were not there to claim (never above one burst).
+UPDATE vidpoll_rate_buckets
+SET tokens = least(coalesce(burst, tokens + %(n)s), tokens + %(n)s)
+WHERE account = %(account)s AND kind = %(kind)s;
+
+-- name: bucket_pause
+-- The server said stop (429 + Retry-After, or RateLimit-Remaining: 0 + RateLimit-Reset): every
+-- worker's claims for this account and kind wait until then, and the bucket starts empty.
+INSERT INTO vidpoll_rate_buckets (account, kind, tokens, paused_until, server_pauses)
+VALUES (%(account)s, %(kind)s, 0,
+        clock_timestamp() + make_interval(secs => %(seconds)s::float8), 1)
+ON CONFLICT (account, kind) DO UPDATE
+SET paused_until = greatest(coalesce(vidpoll_rate_buckets.paused_until, '-infinity'),
+                            EXCLUDED.paused_until),
+    tokens = least(vidpoll_rate_buckets.tokens, 0),
+    updated_at = greatest(vidpoll_rate_buckets.updated_at, EXCLUDED.paused_until),
+    server_pauses = vidpoll_rate_buckets.server_pauses + 1;
+
+-- name: list_buckets
+-- For `jobs stats`: each bucket's tokens now (refilled), pause and counters.
+SELECT account, kind, rate_per_s, burst, server_pauses,
+       CASE WHEN rate_per_s IS NULL THEN NULL ELSE
+         least(coalesce(burst, tokens), tokens + rate_per_s *
+               greatest(0, extract(epoch FROM clock_timestamp() - updated_at)))::float8 END
+         AS tokens,
+       greatest(0, coalesce(extract(epoch FROM paused_until - clock_timestamp()), 0))::float8
+         AS paused_s
+FROM vidpoll_rate_buckets
+ORDER BY account, kind;
+
+-- name: backlog_by_account
+-- Rows due now and how late the oldest is, per account (the budget's backlog).
+SELECT account, count(*) AS due,
+       extract(epoch FROM now() - min(next_poll_at))::float8 AS oldest_late_s
+FROM video_jobs
+WHERE state = 'pending' AND next_poll_at <= now()
+GROUP BY account
+ORDER BY account;

@@ -1,0 +1,24 @@
+-- Accounts (one Sume API key each) and the fleet-wide rate budget every worker draws from.
+-- The key itself never reaches the database: rows carry the account's name, and each worker
+-- reads the keys of the accounts it serves from its environment.
+-- Constant defaults: no table rewrite; the seed's own INSERTs land in the default account.
+ALTER TABLE video_jobs ADD COLUMN IF NOT EXISTS account text NOT NULL DEFAULT 'default';
+ALTER TABLE video_intents ADD COLUMN IF NOT EXISTS account text NOT NULL DEFAULT 'default';
+
+-- One token bucket per account and kind of call (status reads, result reads, creates).
+-- Workers take tokens under a row lock before they claim, so all of them together stay inside
+-- the configured rate; a 429 or `RateLimit-Remaining: 0` sets paused_until, which stops every
+-- worker's claims for that account and kind until the server's reset.
+CREATE TABLE IF NOT EXISTS vidpoll_rate_buckets (
+  account       text NOT NULL,
+  kind          text NOT NULL CHECK (kind IN ('status', 'result', 'create')),
+  tokens        float8 NOT NULL DEFAULT 0,
+  updated_at    timestamptz NOT NULL DEFAULT now(),
+  paused_until  timestamptz,
+  -- the rate and burst the last worker used, for `jobs stats` (each worker passes its own)
+  rate_per_s    float8,
+  burst         float8,
+  -- what the server said last, and how often it said 429, for operators
+  server_pauses bigint NOT NULL DEFAULT 0,
+  PRIMARY KEY (account, kind)
+);
