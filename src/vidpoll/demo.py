@@ -15,7 +15,7 @@ from vidpoll.config import Settings
 from vidpoll.embedded import start_embedded
 from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.models import ClaimMode
-from vidpoll.policy import PollPolicy
+from vidpoll.policy import Budget, PollPolicy
 from vidpoll.store import PgStore, drop_database, migrate
 from vidpoll.submitter import Submitter, SubmitterConfig
 from vidpoll.sume import SumeClient
@@ -25,6 +25,7 @@ DEMO_DATABASE = "vidpoll_demo"
 DEMO_KEY = "sk-demo-not-a-real-key"
 TIME_LIMIT_S = 100.0
 MAX_ACTIVE = 20
+READS_PER_S = 15.0
 
 
 def _fake_config() -> FakeConfig:
@@ -37,11 +38,12 @@ def _fake_config() -> FakeConfig:
                       malformed=0.02, html=0.02, hang=0.01, hang_s=6.0, not_found_for_s=1.0,
                       uppercase=True, create_lose_reply=0.08, create_5xx_billed=0.08,
                       create_fail_5xx=0.05, create_rate_429=0.05, max_concurrent=MAX_ACTIVE,
-                      seed=7)
+                      read_rate_per_s=READS_PER_S, read_burst=2 * READS_PER_S, seed=7)
 
 
-def _view(counts: dict[str, int], intents: dict[str, int], workers: list[Worker],
-          submitters: list[Submitter], fake: FakeSume, started: float, n_jobs: int) -> Group:
+def _view(counts: dict[str, int], intents: dict[str, int], backlog: tuple[int, float],
+          workers: list[Worker], submitters: list[Submitter], fake: FakeSume, started: float,
+          n_jobs: int) -> Group:
     elapsed = time.monotonic() - started
     states = Table(title="video_jobs by state", expand=False)
     states.add_column("state")
@@ -70,7 +72,10 @@ def _view(counts: dict[str, int], intents: dict[str, int], workers: list[Worker]
             f"{reads / max(elapsed, 1e-9):.1f} reads/s · {elapsed:.0f}s elapsed\n"
             f"fake Sume billed {fake.billed} renders for {fake.creates} POSTs "
             f"(replays after unknown outcomes: {retries or 'none yet'}); "
-            f"renders running at Sume: {fake.running()} (cap {MAX_ACTIVE})")
+            f"renders running at Sume: {fake.running()} (cap {MAX_ACTIVE})\n"
+            f"due now: {backlog[0]} rows, the oldest late by {backlog[1]:.1f}s · fleet budget "
+            f"{READS_PER_S:g} reads/s (Sume's limit too): "
+            f"{sum(1 for _, _, st in fake.read_log if st == 429)} answered 429")
     return Group(Panel(head, title="vidpoll demo"), states, sent, per)
 
 
@@ -100,7 +105,9 @@ async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
                 concurrency=10, drain=True, drain_waits_for_intents=True, lease_s=8.0,
                 batch_size=10,
                 claim_mode=ClaimMode.LOCK if i == n_workers - 1 and i else ClaimMode.LEASE,
-                worker_id=f"demo-{i + 1}", policy=policy)) for i in range(n_workers)]
+                worker_id=f"demo-{i + 1}", policy=policy,
+                budgets={"default": Budget(READS_PER_S, 2 * READS_PER_S)}))
+                for i in range(n_workers)]
             submitters = [Submitter(store, client, SubmitterConfig(
                 concurrency=4, max_active=MAX_ACTIVE, lease_s=8.0, http_timeout_s=3.0,
                 first_poll_s=1.0, drain=True, worker_id=f"demo-{i + 1}", policy=policy))
@@ -109,7 +116,8 @@ async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
             tasks = [asyncio.create_task(p.run()) for p in parts]
 
             async def view() -> Group:
-                return _view(await store.counts(), await store.intent_counts(), workers,
+                return _view(await store.counts(), await store.intent_counts(),
+                             await store.backlog(), workers,
                              submitters, fake, started, n_jobs)
 
             with Live(console=console, refresh_per_second=4) as live:

@@ -116,6 +116,7 @@ class FakeSume:
         self.payloads: dict[str, Any] = {}
         self.on_create: Callable[[str | None], Awaitable[None]] | None = None
         self._buckets: dict[tuple[str, str], list[float]] = {}
+        self.create_times: list[float] = []
         self.read_log: list[tuple[float, str, int]] = []
         """(monotonic time, API key, HTTP status) of every authorized status read."""
 
@@ -245,6 +246,7 @@ class FakeSume:
         if not isinstance(payload, dict):
             return self._error(422, "bad_request", "body must be a JSON object")
         self.creates += 1
+        self.create_times.append(time.monotonic())
         if key:
             self.create_order.append(key)
         if key and key in self.by_key:

@@ -394,27 +394,41 @@ class Budget:
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """What a bucket gave: `granted` tokens, the tokens left, and when to ask again."""
+    """What a bucket gave: `granted` tokens, the tokens left, when to ask again, and the share
+    of the configured rate in use now."""
 
     granted: int
     tokens_left: float
     wait_s: float
+    rate_factor: float = 1.0
+
+
+RATE_CUT = 0.7
+"""A 429 multiplies the fleet's rate by this (once a second at most)."""
+RATE_RECOVERY_PER_S = 0.05
+"""Then the rate grows back by this share of the configured rate each second."""
+MIN_RATE_FACTOR = 0.02
 
 
 def take_tokens(tokens: float, elapsed_s: float, paused_s: float, want: int,
-                budget: Budget) -> Grant:
+                budget: Budget, rate_factor: float = 1.0) -> Grant:
     """Refill a bucket for `elapsed_s`, then take up to `want` whole tokens.
 
-    `wait_s` is how long until the next whole token (or the end of a server pause): the time a
-    worker that got fewer than it wanted may sleep before asking again.
+    The refill rate is the configured rate times `rate_factor` (below 1 after the server
+    refused with a 429), which itself recovers toward 1 over the same `elapsed_s`. `wait_s` is
+    how long until the next whole token (or the end of a server pause): the time a worker that
+    got fewer than it wanted may sleep before asking again.
     """
-    avail = min(budget.burst, max(0.0, tokens) + budget.rate_per_s * max(0.0, elapsed_s))
+    elapsed = max(0.0, elapsed_s)
+    factor = min(1.0, max(MIN_RATE_FACTOR, rate_factor) + RATE_RECOVERY_PER_S * elapsed)
+    rate = budget.rate_per_s * factor
+    avail = min(budget.burst, max(0.0, tokens) + rate * elapsed)
     if paused_s > 0:
-        return Grant(0, avail, paused_s)
+        return Grant(0, avail, paused_s, rate_factor)
     granted = max(0, min(want, math.floor(avail + 1e-9)))
     left = avail - granted
-    wait = 0.0 if granted >= want else max(0.0, (1.0 - left) / budget.rate_per_s)
-    return Grant(granted, left, wait)
+    wait = 0.0 if granted >= want else max(0.0, (1.0 - left) / rate)
+    return Grant(granted, left, wait, factor)
 
 
 RESET_EPOCH_THRESHOLD = 1_000_000_000

@@ -29,6 +29,8 @@ from vidpoll.models import (
     SubmitOutcome,
 )
 from vidpoll.policy import (
+    MIN_RATE_FACTOR,
+    RATE_CUT,
     Budget,
     Grant,
     take_tokens,
@@ -286,10 +288,12 @@ class PgStore:
                 await cur.execute(_q("bucket_for_update"), params)
                 row = await cur.fetchone()
                 assert row is not None
-            grant = take_tokens(row["tokens"], row["elapsed_s"], row["paused_s"], want, budget)
+            grant = take_tokens(row["tokens"], row["elapsed_s"], row["paused_s"], want, budget,
+                                row["rate_factor"])
             if row["paused_s"] <= 0:
                 await cur.execute(_q("bucket_spend"), {**params, "tokens": grant.tokens_left,
-                                                       "at": row["at"]})
+                                                       "at": row["at"],
+                                                       "rate_factor": grant.rate_factor})
         return grant
 
     async def refund_tokens(self, account: str, kind: str, n: int) -> None:
@@ -297,10 +301,15 @@ class PgStore:
         if n > 0:
             await self._execute("bucket_refund", {"account": account, "kind": kind, "n": n})
 
-    async def pause_bucket(self, account: str, kind: str, seconds: float) -> None:
-        """The server asked for a pause: every worker's claims for (account, kind) wait."""
+    async def pause_bucket(self, account: str, kind: str, seconds: float,
+                           refused: bool = False) -> None:
+        """The server asked for a pause: every worker's claims for (account, kind) wait.
+
+        `refused` (a 429, not just `RateLimit-Remaining: 0`) also lowers the fleet's rate.
+        """
         await self._execute("bucket_pause", {"account": account, "kind": kind,
-                                             "seconds": seconds})
+                                             "seconds": seconds, "cut": refused,
+                                             "factor": RATE_CUT, "min_factor": MIN_RATE_FACTOR})
 
     async def buckets(self) -> list[dict[str, Any]]:
         """Every bucket's tokens (refilled to now), pause and counters."""

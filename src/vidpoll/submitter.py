@@ -84,8 +84,9 @@ class IntentStore(Protocol):
     async def refund_tokens(self, account: str, kind: str, n: int) -> None:
         """Give back tokens that were not used."""
 
-    async def pause_bucket(self, account: str, kind: str, seconds: float) -> None:
-        """Pause every submitter's creates for the account."""
+    async def pause_bucket(self, account: str, kind: str, seconds: float,
+                           refused: bool = False) -> None:
+        """Pause every submitter's creates for the account (a 429 also slows it)."""
 
     def notifications(self, channels: Sequence[str] = ...) -> AsyncIterator[Notice]:
         """One item once listening, then one per NOTIFY on `channels`."""
@@ -231,26 +232,30 @@ class Submitter(Runner):
             if want <= 0:
                 break
             budget = cfg.budgets.get(account)
+            wait_s: float | None = None
             if budget is not None:
                 grant = await self.store.take_tokens(account, "create", want, budget)
                 if grant.granted < want:
-                    self._budget_wait = min(self._budget_wait or grant.wait_s, grant.wait_s)
+                    wait_s = grant.wait_s
                 want = grant.granted
-                if want == 0:
-                    continue
-            got = await self.store.claim_intents(want, cfg.lease_s, cfg.worker_id,
-                                                 cfg.max_active, account=account)
+            got = [] if want == 0 else await self.store.claim_intents(
+                want, cfg.lease_s, cfg.worker_id, cfg.max_active, account=account)
             if budget is not None and len(got) < want:
                 await self.store.refund_tokens(account, "create", want - len(got))
+            elif wait_s is not None:
+                # the budget, not the queue, held this account back (with nothing granted,
+                # the idle path only sleeps this long if intents are due)
+                self._budget_wait = min(self._budget_wait or wait_s, wait_s)
             claimed += got
         return claimed
 
     async def _idle_delay(self, claimed: int) -> float | None:
         cfg = self.config
-        if self._budget_wait is not None:
-            # the fleet's create budget ran out: ask again when its next token is due
-            return min(cfg.idle_max_s, max(0.05, self._budget_wait))
+        budget_wait = None if self._budget_wait is None else min(
+            cfg.idle_max_s, max(0.05, self._budget_wait))  # when the next token is due
         if claimed or self._inflight:
+            if budget_wait is not None:
+                return budget_wait
             # more may be due but held back by the cap: a finishing POST or job wakes us
             return RECHECK_S if not claimed else cfg.idle_max_s
         if cfg.drain and not await self.store.has_queued_intents(cfg.accounts):
@@ -261,7 +266,7 @@ class Submitter(Runner):
         if due_in is None:
             return cfg.idle_max_s
         if due_in <= 0:
-            return RECHECK_S
+            return budget_wait if budget_wait is not None else RECHECK_S
         return min(cfg.idle_max_s, due_in + 0.005)
 
     def _spawn(self, intent: ClaimedIntent, claimed_at: float) -> None:
@@ -308,7 +313,8 @@ class Submitter(Runner):
         if pause is not None:
             # the fleet stops creating for this account until the server's reset
             with contextlib.suppress(DatabaseUnavailable):
-                await self.store.pause_bucket(intent.account, "create", pause)
+                await self.store.pause_bucket(intent.account, "create", pause,
+                                              answer.status == 429)
         decision = decide_submit(intent, answer, self._clock(), cfg.policy, self._rng)
         if isinstance(decision, AuthPause):
             delay = self._pause_for_auth(decision)

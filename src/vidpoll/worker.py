@@ -94,8 +94,9 @@ class Store(Protocol):
     async def refund_tokens(self, account: str, kind: str, n: int) -> None:
         """Give back tokens that were not used."""
 
-    async def pause_bucket(self, account: str, kind: str, seconds: float) -> None:
-        """Pause every worker's calls of this kind for the account."""
+    async def pause_bucket(self, account: str, kind: str, seconds: float,
+                           refused: bool = False) -> None:
+        """Pause every worker's calls of this kind for the account (a 429 also slows it)."""
 
     def notifications(self) -> AsyncIterator[Notice]:
         """One item once listening, then one per NOTIFY on the jobs channel."""
@@ -142,7 +143,7 @@ class Worker(Runner):
             reader if isinstance(reader, Mapping) else {DEFAULT_ACCOUNT: reader})
         self.config = config
         self.stats = WorkerStats()
-        self._pauses: dict[str, float] = {}
+        self._pauses: dict[str, tuple[float, bool]] = {}
         self._budget_wait: float | None = None
         self._turn = 0
         self._outbox: list[Outcome] = []
@@ -276,13 +277,13 @@ class Worker(Runner):
             if want <= 0 or self._stopping.is_set():
                 break
             grant = await self.store.take_tokens(account, "status", want, cfg.budgets[account])
-            if grant.granted < want:
-                self._budget_wait = min(self._budget_wait or grant.wait_s, grant.wait_s)
-            if grant.granted == 0:
-                continue
-            n = await self._claim_some(grant.granted, [account])
+            n = 0 if grant.granted == 0 else await self._claim_some(grant.granted, [account])
             if n < grant.granted:
                 await self.store.refund_tokens(account, "status", grant.granted - n)
+            elif grant.granted < want:
+                # the budget, not the due rows, held this account back (with nothing granted
+                # the idle path only sleeps this long if rows are due)
+                self._budget_wait = min(self._budget_wait or grant.wait_s, grant.wait_s)
             claimed += n
         return claimed
 
@@ -323,7 +324,9 @@ class Worker(Runner):
         pause = server_pause_s(answer, self._clock(), self.config.policy)
         if pause is not None:
             # the server's word goes to the fleet's bucket (written by the writer, batched)
-            self._pauses[job.account] = max(pause, self._pauses.get(job.account, 0.0))
+            seconds, refused = self._pauses.get(job.account, (0.0, False))
+            self._pauses[job.account] = (max(pause, seconds),
+                                         refused or answer.status == 429)
             self._outbox_ready.set()
         try:
             decision = decide(job, answer, self._clock(), self.config.policy, self._rng)
@@ -437,8 +440,8 @@ class Worker(Runner):
             release, self._release = self._release, []
             pauses, self._pauses = self._pauses, {}
             try:
-                for account, seconds in pauses.items():
-                    await self.store.pause_bucket(account, "status", seconds)
+                for account, (seconds, refused) in pauses.items():
+                    await self.store.pause_bucket(account, "status", seconds, refused)
                     self.stats.server_pauses += 1
                 applied = await self.store.record(batch) if batch else set()
                 if release:
@@ -448,8 +451,9 @@ class Worker(Runner):
                 self._db_unavailable(exc)
                 self._outbox[:0] = batch
                 self._release[:0] = release
-                for account, seconds in pauses.items():
-                    self._pauses[account] = max(seconds, self._pauses.get(account, 0.0))
+                for account, (seconds, refused) in pauses.items():
+                    before, was = self._pauses.get(account, (0.0, False))
+                    self._pauses[account] = (max(seconds, before), refused or was)
                 if self._writer_may_exit:
                     log.error("stopping with %d unrecorded results; their rows come due again "
                               "when their leases end", len(self._outbox))

@@ -418,7 +418,7 @@ SELECT EXISTS (SELECT 1 FROM video_intents
 -- name: bucket_for_update
 -- Locks one bucket for the rest of the transaction and says how much time has passed since it
 -- was last refilled, by the database's clock (every worker shares it, whatever theirs say).
-SELECT tokens, clock_timestamp() AS at,
+SELECT tokens, rate_factor, clock_timestamp() AS at,
        greatest(0, extract(epoch FROM clock_timestamp() - updated_at))::float8 AS elapsed_s,
        greatest(0, coalesce(extract(epoch FROM paused_until - clock_timestamp()), 0))::float8
          AS paused_s
@@ -427,15 +427,18 @@ WHERE account = %(account)s AND kind = %(kind)s
 FOR UPDATE;
 
 -- name: bucket_create
--- A new bucket starts full (one burst), as a fresh fleet would.
+-- A new bucket starts with one token, not a full burst: the server's own bucket for this key
+-- may already be partly spent (another client, a fleet that ran before), and a fleet that
+-- starts full can overrun it by the few ms between the two buckets' starts.
 INSERT INTO vidpoll_rate_buckets (account, kind, tokens, rate_per_s, burst)
-VALUES (%(account)s, %(kind)s, %(burst)s, %(rate_per_s)s, %(burst)s)
+VALUES (%(account)s, %(kind)s, 1, %(rate_per_s)s, %(burst)s)
 ON CONFLICT (account, kind) DO NOTHING;
 
 -- name: bucket_spend
 -- Writes the refilled-then-spent token count, as of the moment bucket_for_update read.
 UPDATE vidpoll_rate_buckets
-SET tokens = %(tokens)s, updated_at = %(at)s, rate_per_s = %(rate_per_s)s, burst = %(burst)s
+SET tokens = %(tokens)s, updated_at = %(at)s, rate_per_s = %(rate_per_s)s, burst = %(burst)s,
+    rate_factor = %(rate_factor)s
 WHERE account = %(account)s AND kind = %(kind)s;
 
 -- name: bucket_refund
@@ -446,22 +449,36 @@ WHERE account = %(account)s AND kind = %(kind)s;
 
 -- name: bucket_pause
 -- The server said stop (429 + Retry-After, or RateLimit-Remaining: 0 + RateLimit-Reset): every
--- worker's claims for this account and kind wait until then, and the bucket starts empty.
-INSERT INTO vidpoll_rate_buckets (account, kind, tokens, paused_until, server_pauses)
+-- worker's claims for this account and kind wait until then, and the bucket starts empty. A
+-- 429 (%(cut)s) also multiplies the fleet's rate by %(factor)s, once a second at most: the
+-- workers that all saw the same burst of 429s cut it once, not once each.
+INSERT INTO vidpoll_rate_buckets (account, kind, tokens, paused_until, server_pauses,
+                                  rate_factor, last_cut_at)
 VALUES (%(account)s, %(kind)s, 0,
-        clock_timestamp() + make_interval(secs => %(seconds)s::float8), 1)
+        clock_timestamp() + make_interval(secs => %(seconds)s::float8), 1,
+        CASE WHEN %(cut)s THEN %(factor)s ELSE 1 END,
+        CASE WHEN %(cut)s THEN clock_timestamp() END)
 ON CONFLICT (account, kind) DO UPDATE
 SET paused_until = greatest(coalesce(vidpoll_rate_buckets.paused_until, '-infinity'),
                             EXCLUDED.paused_until),
     tokens = least(vidpoll_rate_buckets.tokens, 0),
     updated_at = greatest(vidpoll_rate_buckets.updated_at, EXCLUDED.paused_until),
-    server_pauses = vidpoll_rate_buckets.server_pauses + 1;
+    server_pauses = vidpoll_rate_buckets.server_pauses + 1,
+    rate_factor = CASE
+      WHEN %(cut)s AND (vidpoll_rate_buckets.last_cut_at IS NULL
+                        OR vidpoll_rate_buckets.last_cut_at < clock_timestamp() - interval '1 second')
+      THEN greatest(%(min_factor)s, vidpoll_rate_buckets.rate_factor * %(factor)s)
+      ELSE vidpoll_rate_buckets.rate_factor END,
+    last_cut_at = CASE
+      WHEN %(cut)s AND (vidpoll_rate_buckets.last_cut_at IS NULL
+                        OR vidpoll_rate_buckets.last_cut_at < clock_timestamp() - interval '1 second')
+      THEN clock_timestamp() ELSE vidpoll_rate_buckets.last_cut_at END;
 
 -- name: list_buckets
 -- For `jobs stats`: each bucket's tokens now (refilled), pause and counters.
-SELECT account, kind, rate_per_s, burst, server_pauses,
+SELECT account, kind, rate_per_s, burst, server_pauses, rate_factor,
        CASE WHEN rate_per_s IS NULL THEN NULL ELSE
-         least(coalesce(burst, tokens), tokens + rate_per_s *
+         least(coalesce(burst, tokens), tokens + rate_per_s * rate_factor *
                greatest(0, extract(epoch FROM clock_timestamp() - updated_at)))::float8 END
          AS tokens,
        greatest(0, coalesce(extract(epoch FROM paused_until - clock_timestamp()), 0))::float8

@@ -8,7 +8,8 @@ ALTER TABLE video_intents ADD COLUMN IF NOT EXISTS account text NOT NULL DEFAULT
 -- One token bucket per account and kind of call (status reads, result reads, creates).
 -- Workers take tokens under a row lock before they claim, so all of them together stay inside
 -- the configured rate; a 429 or `RateLimit-Remaining: 0` sets paused_until, which stops every
--- worker's claims for that account and kind until the server's reset.
+-- worker's claims for that account and kind until the server's reset; a 429 also lowers the
+-- fleet's rate (rate_factor) until the server stops refusing.
 CREATE TABLE IF NOT EXISTS vidpoll_rate_buckets (
   account       text NOT NULL,
   kind          text NOT NULL CHECK (kind IN ('status', 'result', 'create')),
@@ -18,7 +19,12 @@ CREATE TABLE IF NOT EXISTS vidpoll_rate_buckets (
   -- the rate and burst the last worker used, for `jobs stats` (each worker passes its own)
   rate_per_s    float8,
   burst         float8,
-  -- what the server said last, and how often it said 429, for operators
+  -- the share of the configured rate the fleet uses now: a 429 cuts it (at most once a
+  -- second), and it grows back slowly, so a server whose limit is below the configured rate
+  -- is met at its own rate instead of with a 429 every few calls
+  rate_factor   float8 NOT NULL DEFAULT 1 CHECK (rate_factor > 0 AND rate_factor <= 1),
+  last_cut_at   timestamptz,
+  -- how often the server asked the fleet to pause, for operators
   server_pauses bigint NOT NULL DEFAULT 0,
   PRIMARY KEY (account, kind)
 );

@@ -1,0 +1,223 @@
+"""The fleet-wide rate budget against a real PostgreSQL and the fake Sume's own limits."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Sequence
+
+import pytest
+
+from vidpoll.fake_sume import FakeSume
+from vidpoll.policy import Budget
+from vidpoll.store import PgStore
+
+from ..conftest import API_KEY
+from .test_process import cli_env, spawn_worker
+
+pytestmark = pytest.mark.slow
+
+OTHER_KEY = "sk-test-other-account"
+
+
+def window(fake: FakeSume, start: float, end: float, key: str = API_KEY) -> tuple[int, int]:
+    """(answers other than 429, 429s) the fake gave `key` between two monotonic times."""
+    calls = [status for t, k, status in fake.read_log if start <= t < end and k == key]
+    limited = sum(1 for status in calls if status == 429)
+    return len(calls) - limited, limited
+
+
+async def backlog(store: PgStore, fake: FakeSume, n: int, account: str = "default") -> None:
+    for i in range(n):
+        job_id = f"{account}-{i:05d}"
+        fake.add_job(job_id, render_s=3600)  # never finishes: the backlog stays
+        await store.add_job(job_id, delay_s=0, account=account)
+
+
+async def run_fleet(env: dict[str, str], n: int, args: Sequence[str], warmup_s: float,
+                    measure_s: float) -> tuple[float, float]:
+    """Run `n` worker processes; return the monotonic window after the warm-up."""
+    procs = [await spawn_worker(env, "--poll-only", "--concurrency", "20", *args)
+             for _ in range(n)]
+    loop = asyncio.get_running_loop()
+    try:
+        await asyncio.sleep(warmup_s)
+        start = loop.time()
+        await asyncio.sleep(measure_s)
+        end = loop.time()
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            _, err = await asyncio.wait_for(proc.communicate(), 30)
+            assert proc.returncode == 0, err.decode()[-2000:]
+    return start, end
+
+
+def report(name: str, **figures: float) -> None:
+    print(f"\n{name}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                                     for k, v in figures.items()))
+
+
+async def test_three_processes_share_one_budget(store, fake, fake_url, db_url):
+    rate = 20.0  # reads a second: the server's limit and the fleet's budget
+    fake.config.read_rate_per_s = rate
+    fake.config.read_burst = 2 * rate
+    fake.config.next_poll_after_s = 0.05  # every row is due again at once: demand >> budget
+    await backlog(store, fake, 600)
+    env = cli_env(db_url, fake_url)
+    start, end = await run_fleet(env, 3, ["--status-rate-per-min", str(rate * 60)],
+                                 warmup_s=3.0, measure_s=8.0)
+    ok, limited = window(fake, start, end)
+    throughput = ok / (end - start)
+    share_429 = limited / max(1, ok + limited)
+    report("three processes, one budget", budget_per_s=rate, reads_per_s=throughput,
+           ratio=throughput / rate, share_429=share_429, calls=ok + limited)
+    assert throughput >= 0.9 * rate
+    assert share_429 < 0.01
+    assert throughput <= 1.05 * rate  # never more than the budget
+
+
+async def test_workers_converge_to_a_lower_server_limit(store, fake, fake_url, db_url):
+    server_rate, configured = 10.0, 25.0
+    fake.config.read_rate_per_s = server_rate
+    fake.config.read_burst = 2 * server_rate
+    fake.config.next_poll_after_s = 0.05
+    await backlog(store, fake, 600)
+    env = cli_env(db_url, fake_url)
+    start, end = await run_fleet(env, 3, ["--status-rate-per-min", str(configured * 60)],
+                                 warmup_s=4.0, measure_s=8.0)
+    ok, limited = window(fake, start, end)
+    first_ok, first_limited = window(fake, 0.0, start)
+    throughput = ok / (end - start)
+    share_429 = limited / max(1, ok + limited)
+    report("server limit below the budget", server_per_s=server_rate, budget_per_s=configured,
+           reads_per_s=throughput, ratio=throughput / server_rate, share_429=share_429,
+           warmup_429s=first_limited, warmup_ok=first_ok)
+    assert first_limited > 0  # the server had to say so at least once
+    assert throughput >= 0.9 * server_rate
+    assert share_429 < 0.05
+
+
+async def test_two_accounts_do_not_slow_each_other(store, fake, fake_url, db_url):
+    fake.config.extra_api_keys = [OTHER_KEY]
+    fake.config.read_rate_by_key = {API_KEY: 8.0, OTHER_KEY: 24.0}
+    fake.config.read_burst = 48.0
+    fake.config.next_poll_after_s = 0.05
+    await backlog(store, fake, 300, "default")
+    await backlog(store, fake, 300, "acme")
+    env = cli_env(db_url, fake_url, SUME_API_KEY_ACME=OTHER_KEY,
+                  VIDPOLL_STATUS_RATE_PER_MIN=str(8 * 60),
+                  VIDPOLL_STATUS_RATE_PER_MIN_ACME=str(24 * 60))
+    start, end = await run_fleet(env, 2, [], warmup_s=3.0, measure_s=8.0)
+    slow_ok, slow_limited = window(fake, start, end, API_KEY)
+    fast_ok, fast_limited = window(fake, start, end, OTHER_KEY)
+    seconds = end - start
+    report("two accounts", default_reads_per_s=slow_ok / seconds,
+           acme_reads_per_s=fast_ok / seconds, default_429=slow_limited,
+           acme_429=fast_limited)
+    assert slow_ok / seconds >= 0.9 * 8.0
+    assert fast_ok / seconds >= 0.9 * 24.0
+    assert (slow_limited + fast_limited) / max(1, slow_ok + fast_ok) < 0.01
+
+
+async def test_a_server_pause_stops_every_worker_of_that_account_only(store):
+    await store.add_job("a", delay_s=0)
+    await store.add_job("b", delay_s=0, account="acme")
+    await store.pause_bucket("default", "status", 30)
+    claimed = await store.claim(10, 5, "w", accounts=["default", "acme"])
+    assert [j.job_id for j in claimed] == ["b"]  # acme is not paused
+    grant = await store.take_tokens("default", "status", 5, Budget(10, 10))
+    assert grant.granted == 0 and 29 < grant.wait_s <= 30
+
+
+async def test_tokens_are_never_overspent_by_concurrent_takers(db_url):
+    budget = Budget(rate_per_s=50.0, burst=10.0)
+    stores = [await PgStore.open(db_url, max_size=2) for _ in range(6)]
+    granted = 0
+    loop = asyncio.get_running_loop()
+    try:
+        start = loop.time()
+
+        async def taker(s: PgStore) -> int:
+            got = 0
+            while loop.time() - start < 1.0:
+                got += (await s.take_tokens("default", "status", 3, budget)).granted
+            return got
+
+        granted = sum(await asyncio.gather(*(taker(s) for s in stores)))
+        elapsed = loop.time() - start
+    finally:
+        for s in stores:
+            await s.close()
+    # the bucket started full: at most one burst plus what the rate refilled meanwhile
+    assert granted <= budget.burst + budget.rate_per_s * elapsed + 1
+    assert granted >= 0.8 * (budget.burst + budget.rate_per_s * 1.0)  # and it was spent
+
+
+async def test_the_create_budget_holds_across_submitters(store, fake, fake_url, db_url):
+    for i in range(40):
+        await store.add_intent(f"k{i}", {"prompt": f"clip {i}"})
+    env = cli_env(db_url, fake_url, VIDPOLL_SUBMIT_RATE_PER_MIN="600", VIDPOLL_RATE_BURST="2",
+                  VIDPOLL_HTTP_TIMEOUT="2")
+    procs = [await spawn_worker(env, "--submit-only", "--drain", "--max-active", "1000")
+             for _ in range(2)]
+    for proc in procs:
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()[-2000:]
+    times = sorted(fake.create_times)
+    assert len(times) == 40 and fake.billed == 40
+    # 10 a second with a burst of 2: never more than 2 + 10 * w creates in any window w
+    for i, t in enumerate(times):
+        in_window = sum(1 for u in times[i:] if u - t <= 1.0)
+        assert in_window <= 2 + 10 * 1.0 + 1, (i, in_window)
+    span = times[-1] - times[0]
+    assert span >= (40 - 2) / 10 * 0.9  # and the rate really was the limit
+
+
+async def test_a_worker_leaves_accounts_it_has_no_key_for(store, fake, make_worker):
+    fake.add_job("mine", script=[{"sume_status": "completed", "terminal": True}])
+    await store.add_job("mine", delay_s=0)
+    await store.add_job("theirs", delay_s=0, account="acme")
+    worker = make_worker(drain=True)
+    await asyncio.wait_for(worker.run(), 10)
+    assert await store.counts() == {"completed": 1, "pending": 1}
+    assert fake.reads["theirs"] == 0
+
+
+async def test_worker_needs_the_key_of_every_account_it_serves(db_url, fake_url):
+    proc = await spawn_worker(cli_env(db_url, fake_url), "--account", "acme", "--drain")
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2 and b"SUME_API_KEY_ACME is not set" in err
+
+
+async def test_a_429_read_pauses_the_fleet_and_slows_it(store, fake, make_worker):
+    fake.add_job("j1", script=[{"http": 429, "code": "rate_limit_exceeded",
+                                "headers": {"Retry-After": "30"}}])
+    await store.add_job("j1", delay_s=0)
+    worker = make_worker(budgets={"default": Budget(10, 10)})
+    await asyncio.wait_for(run_until_recorded(worker), 10)
+    [bucket] = await store.buckets()
+    assert bucket["kind"] == "status" and 28 < bucket["paused_s"] <= 30
+    assert bucket["rate_factor"] < 1 and bucket["server_pauses"] == 1
+    # every other worker's claim of this account now waits, budget or not
+    await store.add_job("j2", delay_s=0)
+    assert await store.claim(10, 5, "other") == []
+
+
+async def test_remaining_zero_pauses_without_slowing(store, fake, make_worker):
+    fake.add_job("j1", script=[{"sume_status": "running", "terminal": False,
+                                "next_poll_after_seconds": 60,
+                                "headers": {"RateLimit-Remaining": "0",
+                                            "RateLimit-Reset": "20"}}])
+    await store.add_job("j1", delay_s=0)
+    worker = make_worker()  # no budget configured: the server's word still reaches the fleet
+    await asyncio.wait_for(run_until_recorded(worker), 10)
+    [bucket] = await store.buckets()
+    assert 18 < bucket["paused_s"] <= 20 and bucket["rate_factor"] == 1
+
+
+async def run_until_recorded(worker) -> None:
+    from ..conftest import run_until
+
+    await run_until(worker, lambda: worker.stats.recorded >= 1 and worker.stats.server_pauses)
