@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 from collections.abc import Sequence
 
@@ -221,3 +222,27 @@ async def run_until_recorded(worker) -> None:
     from ..conftest import run_until
 
     await run_until(worker, lambda: worker.stats.recorded >= 1 and worker.stats.server_pauses)
+
+
+async def test_accounts_from_the_command_line(store, fake, fake_url, db_url):
+    from .test_submit_process import run_cli
+
+    fake.config.extra_api_keys = [OTHER_KEY]
+    env = cli_env(db_url, fake_url, SUME_API_KEY_ACME=OTHER_KEY,
+                  VIDPOLL_STATUS_RATE_PER_MIN="600", VIDPOLL_FIRST_POLL_S="0")
+    code, out, err = await run_cli(env, "submit", "--prompt", "x", "--account", "acme",
+                                   "--key", "acme-1")
+    assert code == 0, err
+    job = await store.get_job(out.strip())
+    assert job is not None and job["account"] == "acme"
+    code, _, err = await run_cli(env, "jobs", "add", "--account", "Bad Name", "j")
+    assert code == 6 and "account name" in err
+    code, _, err = await run_cli(env, "worker", "--drain")
+    assert code == 0, err
+    code, out, _ = await run_cli(env, "jobs", "stats")
+    assert "budget acme/status: 600/min" in out and "server pauses" in out
+    code, out, _ = await run_cli(env, "jobs", "stats", "--json")
+    stats = json.loads(out)
+    assert stats["states"] == {"completed": 1}
+    assert {b["account"] for b in stats["rate_buckets"]} == {"acme", "default"}
+    assert OTHER_KEY not in out
