@@ -255,6 +255,11 @@ def _override(rates: Mapping[str, float], per_min: float | None,
 @click.option("--credits", type=int, help="Renders the account can pay for; then 402.")
 @click.option("--max-concurrent", type=int,
               help="Renders that may run at once; then 429 concurrency_limit_exceeded.")
+@click.option("--read-rate-per-s", type=float,
+              help="Status/result reads per second per key; beyond it 429 + RateLimit-*.")
+@click.option("--read-burst", default=1.0, show_default=True, type=float)
+@click.option("--create-rate-per-s", type=float, help="Creates per second per key.")
+@click.option("--create-burst", default=1.0, show_default=True, type=float)
 @click.option("--seed", type=int)
 def fake_sume_cmd(host: str, port: int, api_key: str, latency_ms: float, **opts: Any) -> None:
     """Run the bundled fake Sume (tests, demo, benchmarks)."""
