@@ -219,24 +219,23 @@ class PgStore:
             return rows
 
     async def claim(self, limit: int, lease_s: float, worker_id: str,
-                    accounts: Sequence[str] = (DEFAULT_ACCOUNT,),
+                    account: str = DEFAULT_ACCOUNT,
                     now: datetime | None = None) -> list[ClaimedJob]:
-        """Lease mode: claim up to `limit` due rows of `accounts` and commit at once."""
+        """Lease mode: claim up to `limit` due rows of `account` and commit at once."""
         rows = await self._all("claim_due", {"limit": limit, "lease_s": lease_s,
                                              "worker_id": worker_id, "now": now,
-                                             "accounts": list(accounts)})
+                                             "account": account})
         return [_job(r) for r in rows]
 
     @asynccontextmanager
-    async def lock_batch(self, limit: int, worker_id: str,
-                         accounts: Sequence[str] = (DEFAULT_ACCOUNT,),
+    async def lock_batch(self, limit: int, worker_id: str, account: str = DEFAULT_ACCOUNT,
                          now: datetime | None = None) -> AsyncIterator[LockedBatch]:
         """Lock mode: claim up to `limit` rows and hold their locks until the block ends."""
         async with _translate_errors(), self._pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(_q("claim_due"), {"limit": limit, "lease_s": None,
                                                 "worker_id": worker_id, "now": now,
-                                                "accounts": list(accounts)})
+                                                "account": account})
             yield LockedBatch([_job(r) for r in await cur.fetchall()], conn, now)
 
     async def record(self, outcomes: Sequence[Outcome], now: datetime | None = None) -> set[str]:

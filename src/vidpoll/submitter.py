@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from vidpoll.config import DEFAULT_FIRST_POLL_S, DEFAULT_MAX_ACTIVE
+from vidpoll.config import DEFAULT_FIRST_POLL_S, DEFAULT_MAX_ACTIVE, key_variable
 from vidpoll.errors import ConfigError, DatabaseUnavailable
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
@@ -153,9 +153,10 @@ class Submitter(Runner):
         self._turn = 0
         self.config = config
         self.stats = SubmitStats()
-        self._auth_failures = 0
-        self._credit_failures = 0
-        self._paused_until = 0.0
+        # a refused key or an empty account pauses that account only
+        self._auth_failures: dict[str, int] = {}
+        self._credit_failures: dict[str, int] = {}
+        self._paused_until: dict[str, float] = {}
 
     async def run(self) -> None:
         """Send intents until stop() (or, with drain, until none is queued)."""
@@ -184,15 +185,15 @@ class Submitter(Runner):
         db_failures = 0
         while not self._stopping.is_set():
             self._wake.clear()
-            paused_for = self._paused_until - loop.time()
-            if paused_for > 0:
+            paused_for = min(self._paused_until.get(a, 0.0) for a in cfg.accounts) - loop.time()
+            if paused_for > 0:  # every account is paused (key refused, or out of credits)
                 await self._sleep(paused_for)
                 continue
             free = cfg.concurrency - self._inflight
             if free <= 0:
                 await self._sleep(cfg.idle_max_s)  # a finishing POST wakes us
                 continue
-            limit = 1 if (self._auth_failures or self._credit_failures) else free
+            limit = free
             try:
                 # taken before the claim: the lease guard must count any wait inside it
                 claimed_at = loop.time()
@@ -225,29 +226,42 @@ class Submitter(Runner):
         cfg = self.config
         self._budget_wait = None
         self._turn += 1
+        now = asyncio.get_running_loop().time()
+        accounts = [a for a in cfg.accounts if self._paused_until.get(a, 0.0) <= now]
         claimed: list[ClaimedIntent] = []
-        for i in range(len(cfg.accounts)):
-            account = cfg.accounts[(self._turn + i) % len(cfg.accounts)]
+        for i in range(len(accounts)):
+            account = accounts[(self._turn + i) % len(accounts)]
             want = limit - len(claimed)
             if want <= 0:
                 break
-            budget = cfg.budgets.get(account)
-            wait_s: float | None = None
-            if budget is not None:
-                grant = await self.store.take_tokens(account, "create", want, budget)
-                if grant.granted < want:
-                    wait_s = grant.wait_s
-                want = grant.granted
-            got = [] if want == 0 else await self.store.claim_intents(
-                want, cfg.lease_s, cfg.worker_id, cfg.max_active, account=account)
-            if budget is not None and len(got) < want:
-                await self.store.refund_tokens(account, "create", want - len(got))
-            elif wait_s is not None:
-                # the budget, not the queue, held this account back (with nothing granted,
-                # the idle path only sleeps this long if intents are due)
-                self._budget_wait = min(self._budget_wait or wait_s, wait_s)
-            claimed += got
+            if self._auth_failures.get(account) or self._credit_failures.get(account):
+                want = 1  # one probe per pause
+            try:
+                claimed += await self._claim_account(account, want)
+            except DatabaseUnavailable:
+                if not claimed:
+                    raise
+                break  # send what is claimed already; it is committed and leased to us
         return claimed
+
+    async def _claim_account(self, account: str, want: int) -> list[ClaimedIntent]:
+        cfg = self.config
+        budget = cfg.budgets.get(account)
+        wait_s: float | None = None
+        if budget is not None:
+            grant = await self.store.take_tokens(account, "create", want, budget)
+            if grant.granted < want:
+                wait_s = grant.wait_s
+            want = grant.granted
+        got = [] if want == 0 else await self.store.claim_intents(
+            want, cfg.lease_s, cfg.worker_id, cfg.max_active, account=account)
+        if budget is not None and len(got) < want:
+            await self.store.refund_tokens(account, "create", want - len(got))
+        elif wait_s is not None:
+            # the budget, not the queue, held this account back (with nothing granted, the
+            # idle path only sleeps this long if intents are due)
+            self._budget_wait = min(self._budget_wait or wait_s, wait_s)
+        return got
 
     async def _idle_delay(self, claimed: int) -> float | None:
         cfg = self.config
@@ -262,12 +276,15 @@ class Submitter(Runner):
             log.info("drain: no queued intent left")
             self._stopping.set()
             return None
+        now = asyncio.get_running_loop().time()
+        probe_in = min((t - now for t in self._paused_until.values() if t > now),
+                       default=cfg.idle_max_s)  # a paused account's probe is due then
         due_in = await self.store.next_intent_due_in(cfg.accounts)
         if due_in is None:
-            return cfg.idle_max_s
+            return min(cfg.idle_max_s, probe_in)
         if due_in <= 0:
             return budget_wait if budget_wait is not None else RECHECK_S
-        return min(cfg.idle_max_s, due_in + 0.005)
+        return min(cfg.idle_max_s, probe_in, due_in + 0.005)
 
     def _spawn(self, intent: ClaimedIntent, claimed_at: float) -> None:
         self._inflight += 1
@@ -317,16 +334,17 @@ class Submitter(Runner):
                                               answer.status == 429)
         decision = decide_submit(intent, answer, self._clock(), cfg.policy, self._rng)
         if isinstance(decision, AuthPause):
-            delay = self._pause_for_auth(decision)
+            delay = self._pause_for_auth(intent.account, decision)
             await self._release(intent, delay)
             return decision
-        if self._auth_failures:
-            log.warning("Sume accepts the API key again; submitting resumes")
-            self._auth_failures = 0
-        await self._record(decision)
+        if self._auth_failures.get(intent.account):
+            log.warning("Sume accepts the API key of account %r again; submitting resumes",
+                        intent.account)
+            self._auth_failures[intent.account] = 0
+        await self._record(decision, intent.account)
         return decision
 
-    async def _record(self, outcome: SubmitOutcome) -> None:
+    async def _record(self, outcome: SubmitOutcome, account: str) -> None:
         """Write the outcome, retrying through a database outage.
 
         A 202 lives only in memory until this commits; if the process dies first, the intent
@@ -352,12 +370,12 @@ class Submitter(Runner):
             log.warning("intent %s: outcome dropped, another submitter owns it now (its answer "
                         "for the same key is the same)", outcome.key)
             return
-        self._count(outcome)
+        self._count(outcome, account)
 
-    def _count(self, outcome: SubmitOutcome) -> None:
+    def _count(self, outcome: SubmitOutcome, account: str) -> None:
         if outcome.state == SUBMITTED:
             self.stats.submitted += 1
-            self._credit_failures = 0
+            self._credit_failures[account] = 0
             log.info("intent %s submitted: job %s", outcome.key, outcome.job_id)
         elif outcome.state == REJECTED:
             self.stats.rejected += 1
@@ -366,7 +384,7 @@ class Submitter(Runner):
                       outcome.http_status, outcome.error_code, outcome.error_message,
                       outcome.request_id)
             if outcome.http_status == 402:
-                self._pause_for_credits()
+                self._pause_for_credits(account)
         else:
             assert outcome.state == QUEUED and outcome.error_class is not None
             name = outcome.error_class.value
@@ -380,24 +398,27 @@ class Submitter(Runner):
         with contextlib.suppress(DatabaseUnavailable):
             await self.store.release_intent(intent, delay_s)
 
-    def _pause_for_auth(self, pause: AuthPause) -> float:
+    def _pause_for_auth(self, account: str, pause: AuthPause) -> float:
         loop = asyncio.get_running_loop()
-        if self._paused_until <= loop.time():
-            self._auth_failures += 1
-            delay = auth_pause_delay(self._auth_failures, self.config.policy, self._rng)
-            self._paused_until = loop.time() + delay
-            log.error("Sume rejected the API key on submit (%s); submitting paused for %.0fs, "
-                      "intents stay queued. Check SUME_API_KEY.", pause.detail, delay)
-        return max(0.0, self._paused_until - loop.time())
+        if self._paused_until.get(account, 0.0) <= loop.time():
+            failures = self._auth_failures[account] = self._auth_failures.get(account, 0) + 1
+            delay = auth_pause_delay(failures, self.config.policy, self._rng)
+            self._paused_until[account] = loop.time() + delay
+            log.error("Sume rejected the API key of account %r on submit (%s); its submitting "
+                      "paused for %.0fs, intents stay queued. Check %s.", account, pause.detail,
+                      delay, key_variable(account))
+        return max(0.0, self._paused_until[account] - loop.time())
 
-    def _pause_for_credits(self) -> None:
+    def _pause_for_credits(self, account: str) -> None:
         # the next intents would most likely be refused too; each refusal is final, so pause
         # instead of turning a whole queue into rejections
         loop = asyncio.get_running_loop()
-        self._credit_failures += 1
-        delay = auth_pause_delay(self._credit_failures, self.config.policy, self._rng)
-        self._paused_until = max(self._paused_until, loop.time() + delay)
-        log.error("Sume reports insufficient credits; submitting paused for %.0fs", delay)
+        failures = self._credit_failures[account] = self._credit_failures.get(account, 0) + 1
+        delay = auth_pause_delay(failures, self.config.policy, self._rng)
+        self._paused_until[account] = max(self._paused_until.get(account, 0.0),
+                                          loop.time() + delay)
+        log.error("Sume reports insufficient credits for account %r; its submitting paused "
+                  "for %.0fs", account, delay)
 
     # -- wake-ups -------------------------------------------------------------------------
     def _notifications(self) -> AsyncIterator[Notice]:

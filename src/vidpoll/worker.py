@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from vidpoll.config import key_variable
 from vidpoll.errors import DatabaseUnavailable
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
@@ -66,10 +67,10 @@ class Store(Protocol):
     """What the worker needs from the job table (and the fleet's rate budget)."""
 
     async def claim(self, limit: int, lease_s: float, worker_id: str,
-                    accounts: Sequence[str] = ...) -> list[ClaimedJob]:
-        """Lease-mode claim, committed at once."""
+                    account: str = ...) -> list[ClaimedJob]:
+        """Lease-mode claim of one account's rows, committed at once."""
 
-    def lock_batch(self, limit: int, worker_id: str, accounts: Sequence[str] = ...
+    def lock_batch(self, limit: int, worker_id: str, account: str = ...
                    ) -> AbstractAsyncContextManager[LockedBatchLike]:
         """Lock-mode claim, locks held until the block ends."""
 
@@ -149,8 +150,9 @@ class Worker(Runner):
         self._outbox: list[Outcome] = []
         self._outbox_ready = asyncio.Event()
         self._release: list[ClaimedJob] = []
-        self._auth_failures = 0
-        self._paused_until = 0.0
+        # a refused key pauses its own account only: (401/403s in a row, paused until)
+        self._auth_failures: dict[str, int] = {}
+        self._paused_until: dict[str, float] = {}
         self._lanes = asyncio.Semaphore(max(1, config.lock_lanes))
         self._seen_words: set[str] = set()
         self._db_down_since: float | None = None
@@ -201,21 +203,21 @@ class Worker(Runner):
             # cannot turn each later sleep into a spin
             self._wake.clear()
             self.stats.loop_turns += 1
-            paused_for = self._paused_until - loop.time()
-            if paused_for > 0:
+            paused_for = min(self._paused_until.get(a, 0.0) for a in cfg.accounts) - loop.time()
+            if paused_for > 0:  # every account's key was refused: nothing to do until a probe
                 await self._sleep(paused_for)
                 continue
             free = cfg.concurrency - self._inflight
             if free <= 0:
                 await self._sleep(cfg.idle_max_s)
                 continue
-            limit = 1 if self._auth_failures else min(free, cfg.batch_size)
+            limit = min(free, cfg.batch_size)
             claimed = 0
             try:
                 claimed = await self._claim_and_dispatch(limit)
                 self._db_recovered()
                 db_failures = 0
-                if claimed == limit and not self._auth_failures:
+                if claimed == limit and not any(self._auth_failures.values()):
                     continue  # more may be due: claim again as soon as there is room
                 delay = await self._idle_delay(claimed)
                 if delay is None:
@@ -245,15 +247,20 @@ class Worker(Runner):
             if self._budget_wait is not None:  # the budget, not the rows, ran out
                 return min(cfg.idle_max_s, max(BUSY_RETRY_S / 5, self._budget_wait))
             return 0.0 if self._inflight < cfg.concurrency else cfg.idle_max_s
-        due_in = await self.store.next_due_in(accounts)
+        now = asyncio.get_running_loop().time()
+        # rows of an account whose key is refused wait for its probe, not for this loop
+        unpaused = [a for a in accounts if self._paused_until.get(a, 0.0) <= now]
+        probe_in = min((t - now for t in self._paused_until.values() if t > now),
+                       default=cfg.idle_max_s)
+        due_in = await self.store.next_due_in(unpaused) if unpaused else None
         if due_in is None:
-            return cfg.idle_max_s
+            return min(cfg.idle_max_s, probe_in)
         if due_in <= 0:
             if self._budget_wait is not None:
                 # due rows wait for the fleet's budget: ask again when a token is due
                 return min(cfg.idle_max_s, max(BUSY_RETRY_S / 5, self._budget_wait))
             return BUSY_RETRY_S  # due rows exist but others hold them (or a server pause)
-        return min(cfg.idle_max_s, due_in + 0.005)
+        return min(cfg.idle_max_s, probe_in, due_in + 0.005)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -261,36 +268,57 @@ class Worker(Runner):
         task.add_done_callback(self._tasks.discard)
 
     async def _claim_and_dispatch(self, limit: int) -> int:
-        """Claim within the budget: unlimited accounts together, then each budgeted one for
-        as many rows as the fleet's bucket grants (unused tokens go back)."""
+        """Claim up to `limit` rows, one account at a time (a different one first each turn,
+        so none starves), each within its fleet-wide budget and never while its key is
+        refused (a refused key gets one probe read per pause)."""
         cfg = self.config
         self._budget_wait = None
-        claimed = 0
-        unlimited = [a for a in cfg.accounts if a not in cfg.budgets]
-        if unlimited:
-            claimed += await self._claim_some(limit, unlimited)
-        budgeted = [a for a in cfg.accounts if a in cfg.budgets]
+        now = asyncio.get_running_loop().time()
+        accounts = [a for a in cfg.accounts if self._paused_until.get(a, 0.0) <= now]
         self._turn += 1
-        for i in range(len(budgeted)):  # a different account first each turn: no starvation
-            account = budgeted[(self._turn + i) % len(budgeted)]
+        claimed = 0
+        for i in range(len(accounts)):
+            account = accounts[(self._turn + i) % len(accounts)]
             want = limit - claimed
             if want <= 0 or self._stopping.is_set():
                 break
-            grant = await self.store.take_tokens(account, "status", want, cfg.budgets[account])
-            n = 0 if grant.granted == 0 else await self._claim_some(grant.granted, [account])
-            if n < grant.granted:
-                await self.store.refund_tokens(account, "status", grant.granted - n)
-            elif grant.granted < want:
+            if self._auth_failures.get(account):
+                want = 1
+            claimed += await self._claim_account(account, want)
+        return claimed
+
+    async def _claim_account(self, account: str, want: int) -> int:
+        cfg = self.config
+        budget = cfg.budgets.get(account)
+        lane = cfg.claim_mode is ClaimMode.LOCK
+        if lane:
+            # the lane first: tokens taken now are spent now, not after waiting for a lane
+            await self._lanes.acquire()
+        try:
+            granted = want
+            if budget is not None:
+                grant = await self.store.take_tokens(account, "status", want, budget)
+                granted = grant.granted
+            n = 0
+            if granted and not self._stopping.is_set():
+                owns_lane, lane = lane, False  # from here the locked batch releases it
+                n = await self._claim_some(account, granted, owns_lane)
+        finally:
+            if lane:
+                self._lanes.release()
+        if budget is not None:
+            if n < granted:
+                await self.store.refund_tokens(account, "status", granted - n)
+            elif granted < want:
                 # the budget, not the due rows, held this account back (with nothing granted
                 # the idle path only sleeps this long if rows are due)
                 self._budget_wait = min(self._budget_wait or grant.wait_s, grant.wait_s)
-            claimed += n
-        return claimed
+        return n
 
-    async def _claim_some(self, limit: int, accounts: Sequence[str]) -> int:
+    async def _claim_some(self, account: str, limit: int, locked_lane: bool) -> int:
         cfg = self.config
-        if cfg.claim_mode is ClaimMode.LEASE:
-            jobs = await self.store.claim(limit, cfg.lease_s, cfg.worker_id, accounts)
+        if not locked_lane:
+            jobs = await self.store.claim(limit, cfg.lease_s, cfg.worker_id, account)
             self._count_claim(len(jobs))
             if self._stopping.is_set():  # stop() arrived during the claim: give them back
                 await self.store.release(jobs)
@@ -299,12 +327,8 @@ class Worker(Runner):
                 self._inflight += 1
                 self._spawn(self._read_leased(job))
             return len(jobs)
-        await self._lanes.acquire()
-        if self._stopping.is_set():
-            self._lanes.release()
-            return 0
         claimed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._spawn(self._locked_batch(limit, accounts, claimed))
+        self._spawn(self._locked_batch(limit, account, claimed))
         return await claimed
 
     def _count_claim(self, n: int) -> None:
@@ -340,11 +364,12 @@ class Worker(Runner):
                                error_class=ErrorClass.MALFORMED,
                                error=f"could not interpret the answer: {type(exc).__name__}")
         if isinstance(decision, AuthPause):
-            self._auth_paused(decision)
+            self._auth_paused(job.account, decision)
             return None
-        if self._auth_failures:
-            log.warning("Sume accepts the API key again; polling resumes")
-            self._auth_failures = 0
+        if self._auth_failures.get(job.account):
+            log.warning("Sume accepts the API key of account %r again; polling resumes",
+                        job.account)
+            self._auth_failures[job.account] = 0
             self._wake.set()
         if decision.error_class is not None:
             self.stats.count_error(decision.error_class)
@@ -358,16 +383,17 @@ class Worker(Runner):
                 log.warning("Sume sent an unknown non-terminal status %r; polling on", word)
         return decision
 
-    def _auth_paused(self, pause: AuthPause) -> None:
+    def _auth_paused(self, account: str, pause: AuthPause) -> None:
         loop = asyncio.get_running_loop()
-        if self._paused_until > loop.time():
+        if self._paused_until.get(account, 0.0) > loop.time():
             return  # other reads of the same pause; logged once
-        self._auth_failures += 1
-        delay = auth_pause_delay(self._auth_failures, self.config.policy, self._rng)
-        self._paused_until = loop.time() + delay
+        failures = self._auth_failures[account] = self._auth_failures.get(account, 0) + 1
+        delay = auth_pause_delay(failures, self.config.policy, self._rng)
+        self._paused_until[account] = loop.time() + delay
         self.stats.count_error(ErrorClass.AUTH)
-        log.error("Sume rejected the API key (HTTP %d: %s); all polling paused for %.0fs, "
-                  "rows untouched. Check SUME_API_KEY.", pause.http_status, pause.detail, delay)
+        log.error("Sume rejected the API key of account %r (HTTP %d: %s); its polling paused "
+                  "for %.0fs, rows untouched. Check %s.", account, pause.http_status,
+                  pause.detail, delay, key_variable(account))
 
     async def _read_leased(self, job: ClaimedJob) -> None:
         try:
@@ -383,11 +409,11 @@ class Worker(Runner):
             self._inflight -= 1
         self._outbox_ready.set()
 
-    async def _locked_batch(self, limit: int, accounts: Sequence[str],
+    async def _locked_batch(self, limit: int, account: str,
                             claimed: asyncio.Future[int]) -> None:
         n = 0
         try:
-            async with self.store.lock_batch(limit, self.config.worker_id, accounts) as batch:
+            async with self.store.lock_batch(limit, self.config.worker_id, account) as batch:
                 n = len(batch.jobs)
                 self._inflight += n
                 self._count_claim(n)

@@ -12,6 +12,7 @@ import pytest
 from vidpoll.fake_sume import FakeSume
 from vidpoll.policy import Budget
 from vidpoll.store import PgStore
+from vidpoll.sume import SumeClient
 
 from ..conftest import API_KEY
 from .test_process import cli_env, spawn_worker
@@ -126,7 +127,8 @@ async def test_a_server_pause_stops_every_worker_of_that_account_only(store):
     await store.add_job("a", delay_s=0)
     await store.add_job("b", delay_s=0, account="acme")
     await store.pause_bucket("default", "status", 30)
-    claimed = await store.claim(10, 5, "w", accounts=["default", "acme"])
+    assert await store.claim(10, 5, "w", "default") == []
+    claimed = await store.claim(10, 5, "w", "acme")
     assert [j.job_id for j in claimed] == ["b"]  # acme is not paused
     grant = await store.take_tokens("default", "status", 5, Budget(10, 10))
     assert grant.granted == 0 and 29 < grant.wait_s <= 30
@@ -151,9 +153,9 @@ async def test_tokens_are_never_overspent_by_concurrent_takers(db_url):
     finally:
         for s in stores:
             await s.close()
-    # the bucket started full: at most one burst plus what the rate refilled meanwhile
-    assert granted <= budget.burst + budget.rate_per_s * elapsed + 1
-    assert granted >= 0.8 * (budget.burst + budget.rate_per_s * 1.0)  # and it was spent
+    # a new bucket holds one token: at most that plus what the rate refilled meanwhile
+    assert granted <= 1 + budget.rate_per_s * elapsed
+    assert granted >= 0.8 * budget.rate_per_s * 1.0  # and it was spent
 
 
 async def test_the_create_budget_holds_across_submitters(store, fake, fake_url, db_url):
@@ -245,4 +247,52 @@ async def test_accounts_from_the_command_line(store, fake, fake_url, db_url):
     stats = json.loads(out)
     assert stats["states"] == {"completed": 1}
     assert {b["account"] for b in stats["rate_buckets"]} == {"acme", "default"}
-    assert OTHER_KEY not in out
+
+
+async def test_a_refund_does_not_refill_a_paused_bucket(store):
+    budget = Budget(rate_per_s=100.0, burst=10.0)
+    await store.take_tokens("default", "status", 1, budget)
+    await asyncio.sleep(0.2)  # the bucket fills up to its burst
+    assert (await store.take_tokens("default", "status", 10, budget)).granted == 10
+    await store.pause_bucket("default", "status", 0.3, refused=True)
+    await store.refund_tokens("default", "status", 10)  # rows that were not there after all
+    await asyncio.sleep(0.35)
+    # after the reset the bucket starts empty: ~5 tokens at 100/s in 50 ms, not a burst of 10
+    assert (await store.take_tokens("default", "status", 10, budget)).granted < 10
+
+
+async def test_an_unbudgeted_account_does_not_starve_a_budgeted_one(store, fake, fake_url,
+                                                                   make_worker):
+    fake.config.extra_api_keys = [OTHER_KEY]
+    fake.config.next_poll_after_s = 0.05
+    await backlog(store, fake, 200, "default")  # unlimited: always a full batch due
+    await backlog(store, fake, 20, "acme")
+    async with SumeClient(fake_url, OTHER_KEY, timeout_s=1.0) as other:
+        worker = make_worker(concurrency=10, batch_size=10,
+                             accounts=("default", "acme"), budgets={"acme": Budget(20, 5)})
+        worker.readers = {**worker.readers, "acme": other}
+        from ..conftest import run_until
+
+        await run_until(worker, lambda: sum(n for k, n in fake.reads.items()
+                                            if k.startswith("acme")) >= 20, within_s=10)
+
+
+@pytest.mark.parametrize("mode", ["lease", "lock"])
+async def test_both_claim_modes_stay_inside_the_budget(store, fake, make_worker, mode):
+    from vidpoll.models import ClaimMode
+
+    fake.config.latency_s = 0.3  # reads outlast a lane: lock mode must not hoard tokens
+    fake.config.next_poll_after_s = 0.05
+    await backlog(store, fake, 100)
+    worker = make_worker(concurrency=30, claim_mode=ClaimMode(mode), lock_lanes=2,
+                         budgets={"default": Budget(10, 2)})
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(worker.run())
+    start = loop.time()
+    await asyncio.sleep(3.0)
+    worker.stop()
+    await task
+    elapsed = loop.time() - start
+    reads = len(fake.read_log)
+    assert reads <= 1 + 10 * elapsed + 1  # one starting token + the rate
+    assert reads >= 0.7 * 10 * (elapsed - 1)

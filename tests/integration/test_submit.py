@@ -446,6 +446,6 @@ def test_the_intent_claim_uses_the_queue_index(db_url):
             "EXPLAIN " + QUERIES["claim_intents"],
             {"limit": 8, "lease_s": 25.0, "worker_id": "w", "max_active": 50, "key": None,
              "now": None, "account": "default"}).fetchall())
-    assert "video_intents_queue_idx" in plan, plan
+    assert "video_intents_account_queue_idx" in plan, plan
     assert "Seq Scan on video_intents" not in plan, plan
     assert "Seq Scan on video_jobs" not in plan, plan

@@ -59,16 +59,20 @@ def test_the_rate_factor_has_a_floor():
     assert grant.rate_factor == pytest.approx(MIN_RATE_FACTOR)
 
 
-@given(st.lists(st.tuples(st.floats(0, 5), st.integers(0, 20)), min_size=1, max_size=60),
+@given(st.lists(st.tuples(st.floats(0, 5), st.integers(0, 20), st.integers(0, 5),
+                          st.floats(0.01, 1.0)), min_size=1, max_size=60),
        st.floats(0.1, 50), st.floats(1, 30))
 def test_a_bucket_never_grants_more_than_burst_plus_rate_times_time(steps, rate, burst):
+    # with refunds of unused tokens and any rate factor (a cut from a 429, recovering)
     budget = Budget(rate, burst)
-    tokens, total, elapsed = burst, 0, 0.0
-    for gap, want in steps:
-        grant = take_tokens(tokens, gap, 0, want, budget)
-        assert 0 <= grant.granted <= want
-        tokens = grant.tokens_left
-        total += grant.granted
+    tokens, total, elapsed, factor = burst, 0, 0.0, 1.0
+    for gap, want, unused, cut in steps:
+        grant = take_tokens(tokens, gap, 0, want, budget, factor * cut)
+        assert 0 <= grant.granted <= want and grant.rate_factor <= 1
+        back = min(unused, grant.granted)
+        tokens = min(burst, grant.tokens_left + back)  # what bucket_refund does
+        factor = grant.rate_factor
+        total += grant.granted - back
         elapsed += gap
         assert total <= burst + rate * elapsed + 1e-6
 

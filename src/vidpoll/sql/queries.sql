@@ -2,7 +2,7 @@
 -- Parameters are named (%(job_id)s); `now` may be passed to inject time in tests, else NULL.
 
 -- name: claim_due
--- One statement claims a batch. With lease_s set (lease mode) the claim is committed at once
+-- One statement claims a batch of one account's rows. With lease_s set (lease mode) the claim is committed at once
 -- and the lease *is* the schedule: next_poll_at moves past the lease, so a worker that dies
 -- simply leaves the row due again when the lease ends; no rescuer process exists to race.
 -- With lease_s NULL (lock mode) next_poll_at is untouched and the caller keeps the
@@ -15,12 +15,12 @@ WITH due AS (
   FROM video_jobs
   WHERE state = 'pending'
     AND next_poll_at <= coalesce(%(now)s::timestamptz, now())
-    -- only accounts whose API key this worker has
-    AND account = ANY(%(accounts)s::text[])
+    -- one account per claim (its key, its budget), along (account, next_poll_at)
+    AND account = %(account)s
     -- a server-side pause (a 429, or RateLimit-Remaining: 0) stops every worker's reads of
-    -- that account until the server's reset; one primary-key probe per candidate row
+    -- that account until the server's reset: one probe, evaluated once, before any row
     AND NOT EXISTS (SELECT 1 FROM vidpoll_rate_buckets b
-                    WHERE b.account = video_jobs.account AND b.kind = 'status'
+                    WHERE b.account = %(account)s AND b.kind = 'status'
                       AND b.paused_until > clock_timestamp())
   ORDER BY next_poll_at
   LIMIT %(limit)s
@@ -92,10 +92,13 @@ WHERE j.job_id = r.job_id AND j.claim_token = r.claim_token AND j.state = 'pendi
 RETURNING j.job_id;
 
 -- name: next_due_in
--- Seconds until the earliest pending row is due (negative if overdue), by the database's clock
--- so worker clock skew does not matter; min() over the partial index is one index probe.
-SELECT extract(epoch FROM min(next_poll_at) - now())::float8 AS next_due_in_s
-FROM video_jobs WHERE state = 'pending' AND account = ANY(%(accounts)s::text[]);
+-- Seconds until the earliest pending row of these accounts is due (negative if overdue), by
+-- the database's clock so worker clock skew does not matter; one index probe per account.
+SELECT extract(epoch FROM min(first.next_poll_at) - now())::float8 AS next_due_in_s
+FROM unnest(%(accounts)s::text[]) AS a(account),
+     LATERAL (SELECT next_poll_at FROM video_jobs j
+              WHERE j.state = 'pending' AND j.account = a.account
+              ORDER BY j.next_poll_at LIMIT 1) AS first;
 
 -- name: has_pending
 -- For --drain: is any row still being polled (claimed or not)?
@@ -445,13 +448,17 @@ WHERE account = %(account)s AND kind = %(kind)s;
 -- Gives back tokens taken for rows that were not there to claim (never above one burst).
 UPDATE vidpoll_rate_buckets
 SET tokens = least(coalesce(burst, tokens + %(n)s), tokens + %(n)s)
-WHERE account = %(account)s AND kind = %(kind)s;
+WHERE account = %(account)s AND kind = %(kind)s
+  -- not into a bucket the server paused meanwhile: it must start empty at the reset
+  AND (paused_until IS NULL OR paused_until <= clock_timestamp());
 
 -- name: bucket_pause
 -- The server said stop (429 + Retry-After, or RateLimit-Remaining: 0 + RateLimit-Reset): every
--- worker's claims for this account and kind wait until then, and the bucket starts empty. A
--- 429 (%(cut)s) also multiplies the fleet's rate by %(factor)s, once a second at most: the
--- workers that all saw the same burst of 429s cut it once, not once each.
+-- worker's claims for this account and kind wait until then. A refusal (a 429: %(cut)s) also
+-- empties the bucket until the reset and multiplies the fleet's rate by %(factor)s, once a
+-- second at most (the workers that all saw the same burst of 429s cut it once, not once
+-- each). "Remaining: 0" on a success only pauses: a server running at its limit says it on
+-- almost every answer, and the tokens the fleet earned meanwhile are its own.
 INSERT INTO vidpoll_rate_buckets (account, kind, tokens, paused_until, server_pauses,
                                   rate_factor, last_cut_at)
 VALUES (%(account)s, %(kind)s, 0,
@@ -461,8 +468,11 @@ VALUES (%(account)s, %(kind)s, 0,
 ON CONFLICT (account, kind) DO UPDATE
 SET paused_until = greatest(coalesce(vidpoll_rate_buckets.paused_until, '-infinity'),
                             EXCLUDED.paused_until),
-    tokens = least(vidpoll_rate_buckets.tokens, 0),
-    updated_at = greatest(vidpoll_rate_buckets.updated_at, EXCLUDED.paused_until),
+    tokens = CASE WHEN %(cut)s THEN least(vidpoll_rate_buckets.tokens, 0)
+                  ELSE vidpoll_rate_buckets.tokens END,
+    updated_at = CASE WHEN %(cut)s
+                      THEN greatest(vidpoll_rate_buckets.updated_at, EXCLUDED.paused_until)
+                      ELSE vidpoll_rate_buckets.updated_at END,
     server_pauses = vidpoll_rate_buckets.server_pauses + 1,
     rate_factor = CASE
       WHEN %(cut)s AND (vidpoll_rate_buckets.last_cut_at IS NULL

@@ -5,6 +5,16 @@
 ALTER TABLE video_jobs ADD COLUMN IF NOT EXISTS account text NOT NULL DEFAULT 'default';
 ALTER TABLE video_intents ADD COLUMN IF NOT EXISTS account text NOT NULL DEFAULT 'default';
 
+-- Workers claim one account at a time (each has its own key and budget), so each claim walks
+-- its own account's due rows in order instead of stepping over every other account's rows.
+-- The seed's index on next_poll_at stays: the seed's own loop and the fleet-wide backlog
+-- queries use it.
+CREATE INDEX IF NOT EXISTS video_jobs_account_due_idx
+  ON video_jobs (account, next_poll_at) WHERE state = 'pending';
+DROP INDEX IF EXISTS video_intents_queue_idx;
+CREATE INDEX IF NOT EXISTS video_intents_account_queue_idx
+  ON video_intents (account, priority DESC, seq) WHERE state = 'queued';
+
 -- One token bucket per account and kind of call (status reads, result reads, creates).
 -- Workers take tokens under a row lock before they claim, so all of them together stay inside
 -- the configured rate; a 429 or `RateLimit-Remaining: 0` sets paused_until, which stops every
