@@ -5,7 +5,7 @@ workers are `vidpoll worker --poll-only` processes. A backlog of never-ending jo
 50 ms after each read, keeps demand far above any budget. Reads are counted over
 `--seconds` after a warm-up. Prints one JSON line per scenario:
 
-    .venv/bin/python bench/rate_budget.py --seconds 30
+    .venv/bin/python bench/rate_budget.py --seconds 30 [--burst 40] [--latency-ms 0]
 
 - `match`: the server allows R reads/s per key, the fleet's budget is R.
 - `lower`: the server allows 10/s, the fleet is configured for 25/s.
@@ -34,14 +34,15 @@ from vidpoll.store import PgStore, migrate
 KEYS = {"default": "sk-bench-default", "acme": "sk-bench-acme"}
 
 
-async def scenario(url: str, name: str, seconds: float, warmup_s: float) -> dict[str, object]:
+async def scenario(url: str, name: str, seconds: float, warmup_s: float, burst: float,
+                   latency_s: float) -> dict[str, object]:
     await migrate(url)
     server = {"match": {KEYS["default"]: 20.0}, "lower": {KEYS["default"]: 10.0},
               "accounts": {KEYS["default"]: 8.0, KEYS["acme"]: 24.0}}[name]
     budget = {"match": "1200", "lower": "1500", "accounts": "480"}[name]
     fake = FakeSume(FakeConfig(api_key=KEYS["default"], extra_api_keys=[KEYS["acme"]],
-                               read_rate_by_key=server, read_rate_per_s=1e9, read_burst=40.0,
-                               next_poll_after_s=0.05))
+                               read_rate_by_key=server, read_rate_per_s=1e9, read_burst=burst,
+                               latency_s=latency_s, next_poll_after_s=0.05))
     runner, base = await start_fake(fake)
     store = await PgStore.open(url)
     accounts = ["default", "acme"] if name == "accounts" else ["default"]
@@ -53,7 +54,8 @@ async def scenario(url: str, name: str, seconds: float, warmup_s: float) -> dict
                 await store.add_job(job_id, delay_s=0, account=account)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SUME_", "VIDPOLL_"))}
         env.update(DATABASE_URL=url, SUME_BASE_URL=base, SUME_API_KEY=KEYS["default"],
-                   VIDPOLL_STATUS_RATE_PER_MIN=budget, VIDPOLL_MIN_POLL_S="0.05")
+                   VIDPOLL_STATUS_RATE_PER_MIN=budget, VIDPOLL_MIN_POLL_S="0.05",
+                   VIDPOLL_RATE_BURST=str(burst))
         if name == "accounts":
             env.update(SUME_API_KEY_ACME=KEYS["acme"], VIDPOLL_STATUS_RATE_PER_MIN_ACME="1440")
         procs = [await asyncio.create_subprocess_exec(
@@ -73,7 +75,8 @@ async def scenario(url: str, name: str, seconds: float, warmup_s: float) -> dict
     finally:
         await store.close()
         await runner.cleanup()
-    result: dict[str, object] = {"scenario": name, "seconds": round(end - start, 1)}
+    result: dict[str, object] = {"scenario": name, "seconds": round(end - start, 1),
+                                 "burst": burst, "latency_ms": latency_s * 1000}
     for account in accounts:
         key = KEYS[account]
         calls = [st for t, k, st in fake.read_log if start <= t < end and k == key]
@@ -97,6 +100,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=30)
     p.add_argument("--warmup", type=float, default=5)
+    p.add_argument("--burst", type=float, default=40.0,
+                   help="tokens of both the server's bucket and the fleet's")
+    p.add_argument("--latency-ms", type=float, default=0.0)
     p.add_argument("--scenario", action="append",
                    choices=["match", "lower", "accounts"])
     args = p.parse_args()
@@ -109,8 +115,9 @@ def main() -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
         try:
             url = psycopg.conninfo.make_conninfo(admin, dbname=db)
-            print(json.dumps(asyncio.run(scenario(url, name, args.seconds, args.warmup))),
-                  flush=True)
+            figures = asyncio.run(scenario(url, name, args.seconds, args.warmup, args.burst,
+                                           args.latency_ms / 1000))
+            print(json.dumps(figures), flush=True)
         finally:
             with psycopg.connect(admin, autocommit=True) as conn:
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(

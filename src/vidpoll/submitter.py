@@ -327,7 +327,8 @@ class Submitter(Runner):
             answer = HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
                                 detail=type(exc).__name__)
         pause = server_pause_s(answer, self._clock(), cfg.policy)
-        if pause is not None:
+        if pause is not None and (answer.status == 429 or intent.account not in cfg.budgets):
+            # as for reads: "Remaining: 0" pauses only an account the fleet does not pace
             # the fleet stops creating for this account until the server's reset
             with contextlib.suppress(DatabaseUnavailable):
                 await self.store.pause_bucket(intent.account, "create", pause,

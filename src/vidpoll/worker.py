@@ -346,7 +346,10 @@ class Worker(Runner):
                                 detail=type(exc).__name__)
         self.stats.reads += 1
         pause = server_pause_s(answer, self._clock(), self.config.policy)
-        if pause is not None:
+        if pause is not None and (answer.status == 429 or job.account not in self.config.budgets):
+            # a refusal always pauses the fleet; "Remaining: 0" only an account without a
+            # budget (a budgeted fleet already paces itself, and a server at its limit says
+            # it on nearly every answer: pausing on each held the fleet to 0.75 of the limit)
             # the server's word goes to the fleet's bucket (written by the writer, batched)
             seconds, refused = self._pauses.get(job.account, (0.0, False))
             self._pauses[job.account] = (max(pause, seconds),
