@@ -630,6 +630,37 @@ def intents_stats(as_json: bool) -> None:
                f"{stats['unconfirmed']} unconfirmed POSTs")
 
 
+@main.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8800, show_default=True, type=click.IntRange(0, 65535))
+def serve_cmd(host: str, port: int) -> None:
+    """Serve POST /webhooks/sume (needs SUME_WEBHOOK_SECRET), /healthz and /readyz."""
+    from vidpoll.web import make_app, start_server
+
+    settings = _settings()
+    if not settings.webhook_secret:
+        click.echo("warning: SUME_WEBHOOK_SECRET is not set; /webhooks/sume answers 503",
+                   err=True)
+
+    async def go() -> None:
+        store = await _open_store(settings)
+        try:
+            runner, url = await start_server(
+                make_app(store, settings.webhook_secret or None, settings.webhook_tolerance_s),
+                host, port)
+            click.echo(f"vidpoll serving on {url}", err=True)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+            await runner.cleanup()
+        finally:
+            await store.close()
+
+    _run(go())
+
+
 @main.command("demo")
 @click.option("--jobs", "n_jobs", default=40, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--workers", default=3, show_default=True, type=click.IntRange(1, 16))

@@ -68,6 +68,8 @@ class Settings:
     submit_rates: Mapping[str, float] = field(default_factory=dict)
     """Creates per minute by account (fleet-wide); an account not here is unlimited."""
     rate_burst: float | None = None
+    webhook_secret: str = field(default="", repr=False)
+    webhook_tolerance_s: float = 300.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -102,6 +104,8 @@ class Settings:
             status_rates=_rates(env, "VIDPOLL_STATUS_RATE_PER_MIN", keys),
             submit_rates=_rates(env, "VIDPOLL_SUBMIT_RATE_PER_MIN", keys),
             rate_burst=_float(env, "VIDPOLL_RATE_BURST", 0.0, minimum=1.0) or None,
+            webhook_secret=env.get("SUME_WEBHOOK_SECRET", "").strip(),
+            webhook_tolerance_s=_float(env, "VIDPOLL_WEBHOOK_TOLERANCE_S", 300.0, minimum=1.0),
         )
 
     def require_api_key(self, account: str = DEFAULT_ACCOUNT) -> str:

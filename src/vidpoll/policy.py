@@ -309,7 +309,7 @@ def _envelope(body: dict[str, Any] | None) -> tuple[str | None, str | None]:
 
 
 def created_job_id(body: dict[str, Any] | None) -> str | None:
-    """The job id in a create answer (`job_id`, `id`, or the same under `data`), if usable."""
+    """The job id in a create answer or a webhook (`job_id`, `id`, or either under `data`)."""
     for holder in (body, (body or {}).get("data")):
         if not isinstance(holder, dict):
             continue

@@ -273,6 +273,12 @@ class PgStore:
                                              "account": account})
         return row is not None
 
+    async def receive_webhook(self, event_id: str, job_id: str) -> tuple[str | None, bool]:
+        """Record one delivery and make its job due now; (None, False) for a repeat."""
+        row = await self._one("webhook_receive", {"event_id": event_id, "job_id": job_id})
+        assert row is not None
+        return row["effect"], bool(row["made_due"])
+
     # -- the rate budget ----------------------------------------------------------------------
     async def take_tokens(self, account: str, kind: str, want: int, budget: Budget) -> Grant:
         """Take up to `want` tokens from the fleet's bucket for (account, kind), atomically."""

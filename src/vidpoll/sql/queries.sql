@@ -505,3 +505,32 @@ FROM video_jobs
 WHERE state = 'pending' AND next_poll_at <= now()
 GROUP BY account
 ORDER BY account;
+
+-- ---------------------------------------------------------------------------------------------
+-- Webhooks (0005): a hint that makes a job due now; polling stays the source of truth.
+
+-- name: webhook_receive
+-- One delivery, in one statement: record the event id (a repeat changes nothing) and, for a
+-- new one, make its pending job due now. A row a worker holds (claim_token set) is left alone:
+-- its read is already under way, and moving next_poll_at would let a second worker read it at
+-- the same time. The NOTIFY trigger on "made due sooner" wakes idle workers.
+WITH event AS (
+  INSERT INTO vidpoll_webhook_events (event_id, job_id, effect)
+  SELECT %(event_id)s, %(job_id)s,
+         CASE WHEN j.job_id IS NULL THEN 'unknown'
+              WHEN j.state <> 'pending' THEN 'finished'
+              WHEN j.claim_token IS NOT NULL THEN 'claimed'
+              WHEN j.next_poll_at <= now() THEN 'already_due'
+              ELSE 'made_due' END
+  FROM (SELECT 1) AS one
+  LEFT JOIN video_jobs j ON j.job_id = %(job_id)s
+  ON CONFLICT (event_id) DO NOTHING
+  RETURNING effect
+), due AS (
+  UPDATE video_jobs SET next_poll_at = now(), updated_at = now()
+  WHERE job_id = %(job_id)s AND state = 'pending' AND claim_token IS NULL
+    AND next_poll_at > now()
+    AND EXISTS (SELECT 1 FROM event WHERE effect = 'made_due')
+  RETURNING job_id
+)
+SELECT (SELECT effect FROM event) AS effect, EXISTS (SELECT 1 FROM due) AS made_due;

@@ -1,0 +1,71 @@
+"""Sume's webhook deliveries: signature, replay window and job id. Pure; no I/O.
+
+A delivery carries `X-Sume-Timestamp` (Unix seconds), `X-Sume-Event-Id` and
+`X-Sume-Signature: v1=<hex>`, the HMAC-SHA256 with the webhook secret of
+`"{timestamp}.{raw body}"`. Several `v1=` values (comma-separated) are accepted, so a secret
+can be rotated. A webhook is only a hint: vidpoll never takes a job's state from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+from typing import Any
+
+from vidpoll.errors import InvalidJobId
+from vidpoll.policy import validate_job_id
+
+DEFAULT_TOLERANCE_S = 300.0
+"""Deliveries whose timestamp is further than this from now (either way) are refused."""
+MAX_BODY_BYTES = 256 * 1024
+
+
+class WebhookRejected(Exception):
+    """The delivery is not provably from Sume, or is too old: answer 401 and change nothing."""
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    """The `X-Sume-Signature` value Sume sends for this body (used by the fake and tests)."""
+    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+    return "v1=" + mac.hexdigest()
+
+
+def verify(secret: str, timestamp: str | None, signature: str | None, body: bytes,
+           now_s: float, tolerance_s: float = DEFAULT_TOLERANCE_S) -> None:
+    """Raise WebhookRejected unless the signature matches and the timestamp is recent."""
+    if not timestamp or not signature:
+        raise WebhookRejected("missing X-Sume-Timestamp or X-Sume-Signature")
+    try:
+        sent_s = float(timestamp.strip())
+    except ValueError:
+        raise WebhookRejected("X-Sume-Timestamp is not a number") from None
+    if not math.isfinite(sent_s) or abs(now_s - sent_s) > tolerance_s:
+        raise WebhookRejected(f"timestamp outside the {tolerance_s:g}s replay window")
+    expected = sign(secret, timestamp.strip(), body)
+    offered = [part.strip() for part in signature.split(",")]
+    if not any(hmac.compare_digest(expected, part) for part in offered if part.startswith("v1=")):
+        raise WebhookRejected("signature does not match")
+
+
+def job_id_of(body: bytes) -> str | None:
+    """The job id a delivery is about: `job_id`, or `data.job_id` / `data.id`.
+
+    Not a top-level `id`: in an event envelope that is the event's own id.
+    """
+    try:
+        value: Any = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    data = value.get("data")
+    for found in (value.get("job_id"), *((data.get("job_id"), data.get("id"))
+                                          if isinstance(data, dict) else ())):
+        if isinstance(found, str):
+            try:
+                return validate_job_id(found)
+            except InvalidJobId:
+                return None
+    return None

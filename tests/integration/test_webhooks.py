@@ -1,0 +1,115 @@
+"""`vidpoll serve`'s webhook endpoint: a valid delivery makes the job due now; nothing else
+changes anything."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import aiohttp
+import pytest
+
+from vidpoll.store import PgStore
+from vidpoll.web import make_app, start_server
+from vidpoll.webhook import MAX_BODY_BYTES, sign
+
+SECRET = "whsec-integration"
+
+
+@pytest.fixture
+async def server(store: PgStore) -> AsyncIterator[str]:
+    runner, url = await start_server(make_app(store, SECRET), "127.0.0.1", 0)
+    yield url
+    await runner.cleanup()
+
+
+async def deliver(url: str, payload: object, *, event_id: str = "evt_1",
+                  secret: str = SECRET, ts: float | None = None,
+                  raw: bytes | None = None) -> tuple[int, dict[str, object]]:
+    body = raw if raw is not None else json.dumps(payload).encode()
+    stamp = f"{time.time() if ts is None else ts:.0f}"
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{url}/webhooks/sume", data=body,
+            headers={"X-Sume-Timestamp": stamp, "X-Sume-Signature": sign(secret, stamp, body),
+                     "X-Sume-Event-Id": event_id, "Content-Type": "application/json"}) as resp:
+        text = await resp.text()
+        return resp.status, json.loads(text) if text.startswith("{") else {"text": text}
+
+
+async def due_in_s(store: PgStore, job_id: str) -> float:
+    row = await store.get_job(job_id)
+    assert row is not None
+    return float((row["next_poll_at"] - datetime.now(UTC)).total_seconds())
+
+
+async def test_a_valid_webhook_gets_the_job_read_within_a_second(store, fake, server,
+                                                                 make_worker):
+    fake.add_job("vid_1", script=[{"sume_status": "completed", "terminal": True}])
+    await store.add_job("vid_1", delay_s=3600)  # next read an hour away
+    worker = make_worker(idle_max_s=30.0)
+    task = asyncio.create_task(worker.run())
+    try:
+        await worker.signals.wait_for(lambda: worker.listening and worker.idle, 10)
+        sent = asyncio.get_running_loop().time()
+        status, answer = await deliver(server, {"type": "avatar_video.ready",
+                                                "data": {"job_id": "vid_1",
+                                                         "status": "failed"}})
+        assert (status, answer) == (200, {"status": "made_due", "made_due": True})
+        await worker.signals.wait_for(lambda: worker.stats.finished == 1, 1.0)
+        delay = asyncio.get_running_loop().time() - sent
+    finally:
+        worker.stop()
+        await task
+    row = await store.get_job("vid_1")
+    # the state is what polling read, never what the webhook body claimed
+    assert row is not None and row["state"] == "completed" and delay < 1.0
+
+
+async def test_forged_stale_and_replayed_deliveries_change_nothing(store, server):
+    await store.add_job("vid_1", delay_s=3600)
+    before = await due_in_s(store, "vid_1")
+    payload = {"job_id": "vid_1"}
+    assert (await deliver(server, payload, secret="not-the-secret"))[0] == 401
+    assert (await deliver(server, payload, ts=time.time() - 3600))[0] == 401
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{server}/webhooks/sume", json=payload) as resp:
+        assert resp.status == 401  # unsigned
+    assert await due_in_s(store, "vid_1") == pytest.approx(before, abs=1)
+    assert (await deliver(server, payload, event_id="evt_9"))[1]["status"] == "made_due"
+    await store.add_job("vid_2", delay_s=3600)
+    # the same event again (Sume retries deliveries): recognised, nothing done
+    status, answer = await deliver(server, {"job_id": "vid_2"}, event_id="evt_9")
+    assert (status, answer) == (200, {"status": "duplicate"})
+    assert await due_in_s(store, "vid_2") > 3500
+
+
+async def test_unknown_finished_and_claimed_jobs(store, server):
+    assert (await deliver(server, {"job_id": "nope"}, event_id="e1"))[1] == {
+        "status": "unknown", "made_due": False}
+    await store.add_job("done", delay_s=0)
+    await store.claim(1, 30, "w")
+    assert (await deliver(server, {"job_id": "done"}, event_id="e2"))[1]["status"] == "claimed"
+    assert await due_in_s(store, "done") > 25  # the lease stands: no second read at once
+
+
+async def test_bad_bodies_and_sizes(store, server):
+    assert (await deliver(server, None, raw=b"not json", event_id="e1"))[0] == 400
+    assert (await deliver(server, {"job_id": "x"}, event_id=""))[0] == 400
+    big = b'{"job_id": "x", "pad": "' + b"a" * MAX_BODY_BYTES + b'"}'
+    assert (await deliver(server, None, raw=big, event_id="e3"))[0] == 413
+
+
+async def test_without_a_secret_the_endpoint_refuses(store):
+    runner, url = await start_server(make_app(store, None), "127.0.0.1", 0)
+    try:
+        status, _ = await deliver(url, {"job_id": "x"})
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/readyz") as resp:
+            ready = resp.status
+    finally:
+        await runner.cleanup()
+    assert status == 503 and ready == 200
+
+
