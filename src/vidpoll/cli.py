@@ -329,12 +329,47 @@ def jobs_resume(job_id: str) -> None:
 @jobs.command("show")
 @click.argument("job_id")
 def jobs_show(job_id: str) -> None:
-    """Print one job's row as JSON."""
-    row = _on_store(lambda store: store.get_job(job_id))
-    if row is None:
+    """Print one job as JSON: its row, the intent that created it, and its history."""
+
+    async def collect(store: PgStore) -> dict[str, Any] | None:
+        row = await store.get_job(job_id)
+        if row is None:
+            return None
+        intent = await store.intent_of_job(job_id)
+        return {**row, "intent": None if intent is None else _intent_dict(intent),
+                "history": await store.job_history(job_id)}
+
+    shown = _on_store(collect)
+    if shown is None:
         click.echo(f"error: no job {job_id!r}", err=True)
         sys.exit(1)
-    click.echo(json.dumps(row, default=_json_default, indent=2, sort_keys=True))
+    click.echo(json.dumps(shown, default=_json_default, indent=2, sort_keys=True))
+
+
+@jobs.command("watch")
+@click.argument("job_id")
+@click.option("--timeout", type=click.FloatRange(0), help="Give up after S seconds (exit 8).")
+def jobs_watch(job_id: str, timeout: float | None) -> None:
+    """Block until a job is final (LISTEN/NOTIFY, with a re-read every 5 s); print its state.
+
+    Exit 0 if it completed, 7 if it ended otherwise, 8 on --timeout.
+    """
+    settings = _settings()
+
+    async def go() -> str | None:
+        async with await Vidpoll.open(settings=settings) as vp:
+            try:
+                return (await vp.wait(job_id, timeout=timeout)).state
+            except TimeoutError:
+                return None
+
+    final = _run(go())
+    if final is None:
+        click.echo(f"error: {job_id} is not final after {timeout:g}s; it goes on", err=True)
+        sys.exit(EXIT_WAIT_TIMEOUT)
+    click.echo(final)
+    if final != COMPLETED:
+        sys.exit(EXIT_NOT_COMPLETED)
 
 
 @jobs.command("stats")

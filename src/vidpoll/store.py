@@ -273,6 +273,10 @@ class PgStore:
                                              "account": account})
         return row is not None
 
+    async def job_history(self, job_id: str) -> list[dict[str, Any]]:
+        """One job's events (tracked, state changes, error changes), oldest first."""
+        return await self._all("job_history", {"job_id": job_id})
+
     async def receive_webhook(self, event_id: str, job_id: str) -> tuple[str | None, bool]:
         """Record one delivery and make its job due now; (None, False) for a repeat."""
         row = await self._one("webhook_receive", {"event_id": event_id, "job_id": job_id})

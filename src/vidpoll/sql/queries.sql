@@ -534,3 +534,8 @@ WITH event AS (
   RETURNING job_id
 )
 SELECT (SELECT effect FROM event) AS effect, EXISTS (SELECT 1 FROM due) AS made_due;
+
+-- name: job_history
+-- One job's events, oldest first (`jobs show`).
+SELECT at, kind, from_state, to_state, error_class, http_status, detail
+FROM video_job_events WHERE job_id = %(job_id)s ORDER BY id;
