@@ -13,6 +13,7 @@ reads, POSTs and clips billed per key, overlapping POSTs of one key, peak render
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -22,7 +23,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+
+from vidpoll.webhook import sign
 
 TERMINAL = ("completed", "failed", "canceled", "expired")
 
@@ -73,6 +77,10 @@ class FakeConfig:
     create_burst: float = 1.0
     extra_api_keys: list[str] = field(default_factory=list)
     """More keys the fake accepts besides api_key (one per account)."""
+    # webhooks: when a job reaches its terminal state, POST a signed event (as Sume does)
+    webhook_url: str | None = None
+    webhook_secret: str = ""
+    webhook_delay_s: float = 0.0
     seed: int | None = None
 
 
@@ -115,6 +123,10 @@ class FakeSume:
         self.create_script: dict[str, list[str]] = {}
         self.payloads: dict[str, Any] = {}
         self.on_create: Callable[[str | None], Awaitable[None]] | None = None
+        self.terminal_at: dict[str, float] = {}
+        """Wall-clock time each job reaches its terminal state (detection-delay benchmarks)."""
+        self.webhooks_sent: Counter[int] = Counter()
+        self._webhook_tasks: set[asyncio.Task[None]] = set()
         self._buckets: dict[tuple[str, str], list[float]] = {}
         self.create_times: list[float] = []
         self.read_log: list[tuple[float, str, int]] = []
@@ -130,11 +142,35 @@ class FakeSume:
         if render_s is None:
             render_s = cfg.render_s * self.rng.uniform(1 - cfg.render_jitter,
                                                        1 + cfg.render_jitter)
-        self.jobs[job_id] = FakeJob(job_id, time.monotonic(),
-                                    cfg.queued_s if queued_s is None else queued_s,
-                                    max(0.0, render_s), outcome or self._pick_outcome(),
-                                    script=list(script or []))
+        job = FakeJob(job_id, time.monotonic(), cfg.queued_s if queued_s is None else queued_s,
+                      max(0.0, render_s), outcome or self._pick_outcome(),
+                      script=list(script or []))
+        self.jobs[job_id] = job
+        self.terminal_at[job_id] = time.time() + job.queued_s + job.render_s
+        if cfg.webhook_url:
+            with contextlib.suppress(RuntimeError):  # no running loop: no webhook
+                task = asyncio.get_running_loop().create_task(self._send_webhook(job))
+                self._webhook_tasks.add(task)
+                task.add_done_callback(self._webhook_tasks.discard)
         return job_id
+
+    async def _send_webhook(self, job: FakeJob) -> None:
+        """Sleep until the job ends, then deliver a signed event (failures are ignored)."""
+        cfg = self.config
+        await asyncio.sleep(job.queued_s + job.render_s + cfg.webhook_delay_s)
+        body = json.dumps({"type": f"avatar_video.{job.outcome}",
+                           "data": {"job_id": job.job_id, "status": job.outcome}}).encode()
+        stamp = f"{time.time():.0f}"
+        headers = {"X-Sume-Timestamp": stamp,
+                   "X-Sume-Signature": sign(cfg.webhook_secret, stamp, body),
+                   "X-Sume-Event-Id": f"evt_{uuid.uuid4().hex[:16]}",
+                   "Content-Type": "application/json"}
+        assert cfg.webhook_url is not None
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+            async with aiohttp.ClientSession() as http, http.post(
+                    cfg.webhook_url, data=body, headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                self.webhooks_sent[resp.status] += 1
 
     def stats(self) -> dict[str, Any]:
         """Counters for tests and benchmarks."""

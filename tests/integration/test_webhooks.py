@@ -113,3 +113,23 @@ async def test_without_a_secret_the_endpoint_refuses(store):
     assert status == 503 and ready == 200
 
 
+
+
+async def test_the_fake_sumes_own_webhook_gets_a_job_read_at_once(store, fake, server,
+                                                                 make_worker):
+    fake.config.webhook_url = f"{server}/webhooks/sume"
+    fake.config.webhook_secret = SECRET
+    worker = make_worker(idle_max_s=30.0)
+    task = asyncio.create_task(worker.run())
+    try:
+        await worker.signals.wait_for(lambda: worker.listening and worker.idle, 10)
+        job_id = fake.add_job(render_s=0.2, queued_s=0.0, outcome="failed")
+        await store.add_job(job_id, delay_s=3600)  # without the webhook: read in an hour
+        await worker.signals.wait_for(lambda: worker.stats.finished == 1, 5)
+    finally:
+        worker.stop()
+        await task
+    row = await store.get_job(job_id)
+    assert row is not None and row["state"] == "failed" and fake.webhooks_sent[200] == 1
+    delay = row["finished_at"].timestamp() - fake.terminal_at[job_id]
+    assert delay < 1.0

@@ -1,0 +1,95 @@
+"""How soon after a render ends does vidpoll know? Polling alone vs polling + webhooks.
+
+The fake Sume (in this process) hints `next_poll_after_seconds` 15, as a real provider does for
+video; jobs end 2-8 s after creation. One worker polls; in the second run `vidpoll serve`'s
+webhook endpoint (same process) receives the fake's signed deliveries. The delay of a job is
+`finished_at` (when vidpoll committed the final state) minus the moment the fake's job ended.
+Prints one JSON line per run:
+
+    .venv/bin/python bench/detection_delay.py --jobs 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import uuid
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from vidpoll.embedded import start_embedded
+from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
+from vidpoll.policy import PollPolicy
+from vidpoll.store import PgStore, migrate
+from vidpoll.sume import SumeClient
+from vidpoll.web import make_app, start_server
+from vidpoll.worker import Worker, WorkerConfig
+
+KEY, SECRET = "sk-bench", "whsec-bench"
+
+
+async def run(url: str, n: int, webhooks: bool) -> dict[str, object]:
+    await migrate(url)
+    store = await PgStore.open(url, max_size=6)
+    runner, hook_url = await start_server(make_app(store, SECRET), "127.0.0.1", 0)
+    fake = FakeSume(FakeConfig(api_key=KEY, queued_s=0.0, render_s=5.0, render_jitter=0.6,
+                               next_poll_after_s=15.0, seed=1,
+                               webhook_url=f"{hook_url}/webhooks/sume" if webhooks else None,
+                               webhook_secret=SECRET))
+    fake_runner, base = await start_fake(fake)
+    try:
+        async with SumeClient(base, KEY, timeout_s=5) as client:
+            worker = Worker(store, client, WorkerConfig(concurrency=50, drain=True,
+                                                        policy=PollPolicy()))
+            for _ in range(n):
+                job_id = fake.add_job()
+                await store.add_job(job_id, delay_s=15.0)  # the seed's first read: 15 s
+            await asyncio.wait_for(worker.run(), 600)
+        delays = []
+        for job_id, ended in fake.terminal_at.items():
+            row = await store.get_job(job_id)
+            assert row is not None and row["finished_at"] is not None
+            delays.append(row["finished_at"].timestamp() - ended)
+        reads = sum(fake.reads.values())
+    finally:
+        await fake_runner.cleanup()
+        await runner.cleanup()
+        await store.close()
+    delays.sort()
+    return {"webhooks": webhooks, "jobs": n, "reads": reads,
+            "reads_per_job": round(reads / n, 2),
+            "delay_p50_s": round(statistics.median(delays), 3),
+            "delay_p95_s": round(delays[int(0.95 * (len(delays) - 1))], 3),
+            "delay_max_s": round(delays[-1], 3),
+            "webhooks_answered": dict(fake.webhooks_sent)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--jobs", type=int, default=200)
+    args = p.parse_args()
+    admin = os.environ.get("DATABASE_URL") or start_embedded(
+        Path(os.environ.get("VIDPOLL_HOME")
+             or Path(tempfile.gettempdir()) / "vidpoll-bench"), database="postgres")
+    for webhooks in (False, True):
+        db = f"bench_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
+        try:
+            figures = asyncio.run(run(psycopg.conninfo.make_conninfo(admin, dbname=db),
+                                      args.jobs, webhooks))
+            print(json.dumps(figures), flush=True)
+        finally:
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(db)))
+
+
+if __name__ == "__main__":
+    main()
