@@ -148,12 +148,15 @@ def migrate_cmd() -> None:
 @click.option("--rate-burst", type=click.FloatRange(min=1),
               help="Tokens a bucket may hold [default: VIDPOLL_RATE_BURST, else two seconds "
                    "of the rate, at least 1].")
+@click.option("--fetch-results", is_flag=True,
+              help="GET each completed job's result and store it with the job (shares the "
+                   "read budget).")
 def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                batch_size: int, lease_seconds: float | None, db_connections: int,
                poll_only: bool, submit_only: bool, max_active: int | None,
                submit_concurrency: int, accounts: tuple[str, ...],
                status_rate_per_min: float | None, submit_rate_per_min: float | None,
-               rate_burst: float | None) -> None:
+               rate_burst: float | None, fetch_results: bool) -> None:
     """Poll due jobs and send queued intents until stopped (SIGTERM/SIGINT finish what is in
     flight, then exit 0)."""
     if poll_only and submit_only:
@@ -176,7 +179,8 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
         concurrency=concurrency, claim_mode=ClaimMode(claim_mode), lease_s=lease_s,
         batch_size=batch_size, lock_lanes=db_connections - 1, drain=drain,
         drain_waits_for_intents=not poll_only, listen=not no_listen, policy=settings.policy,
-        worker_id=worker_id, accounts=served, budgets=settings.budgets("status", served))
+        worker_id=worker_id, accounts=served, budgets=settings.budgets("status", served),
+        fetch_results=fetch_results)
     submit_config: SubmitterConfig | None = None
     if not poll_only:
         try:

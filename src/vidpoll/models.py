@@ -72,6 +72,28 @@ class ClaimedJob:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimedResult:
+    """A completed job whose result a worker fetches until its lease ends."""
+
+    job_id: str
+    token: uuid.UUID
+    attempts: int
+    account: str = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class ResultOutcome:
+    """What to write for one result fetch: fetched, failed, or pending again after delay_s."""
+
+    job_id: str
+    token: uuid.UUID
+    state: str
+    delay_s: float = 0.0
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimedIntent:
     """A submission intent a submitter owns until its lease ends."""
 
@@ -203,6 +225,8 @@ class WorkerStats:
     fenced_out: int = 0
     db_errors: int = 0
     server_pauses: int = 0
+    results_fetched: int = 0
+    result_retries: int = 0
 
     def count_error(self, error_class: ErrorClass) -> None:
         """Add one to the counter of this error class."""

@@ -25,9 +25,11 @@ from vidpoll.models import (
     SUBMITTED,
     ClaimedIntent,
     ClaimedJob,
+    ClaimedResult,
     ErrorClass,
     HttpAnswer,
     Outcome,
+    ResultOutcome,
     SubmitOutcome,
 )
 
@@ -471,3 +473,41 @@ def _reset_seconds(value: str | None, now: datetime) -> float | None:
     if seconds > RESET_EPOCH_THRESHOLD:
         seconds -= now.timestamp()
     return max(0.0, seconds)
+
+
+MAX_RESULT_ATTEMPTS = 30
+"""A result that still cannot be fetched after this many tries is marked failed (kept)."""
+
+
+def decide_result(claim: ClaimedResult, answer: HttpAnswer, now: datetime, policy: PollPolicy,
+                  rng: random.Random) -> ResultOutcome | AuthPause:
+    """Classify one result fetch: fetched, not yet (409 and every transient failure: later,
+    with backoff or Retry-After), or failed for good (Sume refused, or too many tries)."""
+    status = answer.status
+    body = _json_object(answer.body)
+    code, message = _envelope(body)
+
+    def later(what: str) -> ResultOutcome:
+        if claim.attempts >= MAX_RESULT_ATTEMPTS:
+            return ResultOutcome(claim.job_id, claim.token, "failed",
+                                 error=f"gave up after {claim.attempts} tries: {what}")
+        hinted = parse_retry_after(answer.retry_after, now)
+        delay = (min(policy.max_poll_s, max(policy.min_poll_s, hinted)) if hinted is not None
+                 else backoff_delay(claim.attempts, policy, rng))
+        return ResultOutcome(claim.job_id, claim.token, "pending", delay,
+                             error=_error_text(body, answer, what))
+
+    if answer.transport_error is not None:
+        return later(answer.transport_error.value)
+    assert status is not None
+    if status in (401, 403):
+        return AuthPause(0.0, status, f"HTTP {status}" + (f": {code}" if code else ""))
+    if 200 <= status < 300:
+        if body is None:
+            return later(f"HTTP {status} body is not a JSON object")
+        return ResultOutcome(claim.job_id, claim.token, "fetched", result=body)
+    if status in (404, 408, 409, 425, 429) or status >= 500 or code is None:
+        # 409 job_not_completed: Sume's "not yet"; a new job may 404 for a moment
+        return later(f"HTTP {status}" + (f" {code}" if code else ""))
+    return ResultOutcome(claim.job_id, claim.token, "failed",
+                         error=f"HTTP {status} {code}: {message or ''}"[:MAX_ERROR_TEXT])

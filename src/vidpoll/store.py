@@ -22,10 +22,12 @@ from vidpoll.models import (
     SUBMITTED,
     ClaimedIntent,
     ClaimedJob,
+    ClaimedResult,
     Intent,
     Job,
     Notice,
     Outcome,
+    ResultOutcome,
     SubmitOutcome,
 )
 from vidpoll.policy import (
@@ -101,8 +103,10 @@ def _intent(row: dict[str, Any]) -> Intent:
                   error_message=row["error_message"], account=row["account"])
 
 
-def _outcome_params(outcomes: Sequence[Outcome], now: datetime | None) -> dict[str, Any]:
+def _outcome_params(outcomes: Sequence[Outcome], now: datetime | None,
+                    want_results: bool = False) -> dict[str, Any]:
     return {
+        "want_results": want_results,
         "job_ids": [o.job_id for o in outcomes],
         "tokens": [o.claim_token for o in outcomes],
         "states": [o.state for o in outcomes],
@@ -133,6 +137,7 @@ class LockedBatch:
     jobs: list[ClaimedJob]
     _conn: psycopg.AsyncConnection[Any]
     now: datetime | None = None
+    want_results: bool = False
 
     async def record(self, outcomes: Sequence[Outcome]) -> set[str]:
         """Write outcomes inside the batch's transaction; committed when the batch ends."""
@@ -140,7 +145,8 @@ class LockedBatch:
             return set()
         async with _translate_errors():
             cur = await self._conn.execute(_q("record_outcomes"),
-                                           _outcome_params(outcomes, self.now))
+                                           _outcome_params(outcomes, self.now,
+                                                           self.want_results))
             return {r[0] for r in await cur.fetchall()}
 
 
@@ -229,20 +235,25 @@ class PgStore:
 
     @asynccontextmanager
     async def lock_batch(self, limit: int, worker_id: str, account: str = DEFAULT_ACCOUNT,
-                         now: datetime | None = None) -> AsyncIterator[LockedBatch]:
+                         now: datetime | None = None, want_results: bool = False
+                         ) -> AsyncIterator[LockedBatch]:
         """Lock mode: claim up to `limit` rows and hold their locks until the block ends."""
         async with _translate_errors(), self._pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(_q("claim_due"), {"limit": limit, "lease_s": None,
                                                 "worker_id": worker_id, "now": now,
                                                 "account": account})
-            yield LockedBatch([_job(r) for r in await cur.fetchall()], conn, now)
+            yield LockedBatch([_job(r) for r in await cur.fetchall()], conn, now, want_results)
 
-    async def record(self, outcomes: Sequence[Outcome], now: datetime | None = None) -> set[str]:
-        """Write read results; returns the job ids whose fence held (the others are stale)."""
+    async def record(self, outcomes: Sequence[Outcome], now: datetime | None = None,
+                     want_results: bool = False) -> set[str]:
+        """Write read results; returns the job ids whose fence held (the others are stale).
+
+        With `want_results`, a job that completed is queued for its result fetch.
+        """
         if not outcomes:
             return set()
-        rows = await self._all("record_outcomes", _outcome_params(outcomes, now))
+        rows = await self._all("record_outcomes", _outcome_params(outcomes, now, want_results))
         return {r["job_id"] for r in rows}
 
     async def release(self, jobs: Sequence[ClaimedJob]) -> set[str]:
@@ -259,10 +270,41 @@ class PgStore:
         row = await self._one("next_due_in", {"accounts": list(accounts)})
         return None if row is None else cast(float | None, row["next_due_in_s"])
 
-    async def has_pending(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,)) -> bool:
-        """True while any row of `accounts` is still being polled."""
-        row = await self._one("has_pending", {"accounts": list(accounts)})
+    async def has_pending(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,),
+                          results: bool = False) -> bool:
+        """True while any row of `accounts` is still being polled (or, with `results`, has
+        a result still to fetch)."""
+        row = await self._one("has_pending", {"accounts": list(accounts), "results": results})
         return bool(row and row["has_pending"])
+
+    # -- results --------------------------------------------------------------------------
+    async def claim_results(self, limit: int, lease_s: float, account: str = DEFAULT_ACCOUNT,
+                            now: datetime | None = None) -> list[ClaimedResult]:
+        """Claim completed jobs whose result is due to fetch (leased, committed at once)."""
+        rows = await self._all("claim_results", {"limit": limit, "lease_s": lease_s,
+                                                 "account": account, "now": now})
+        return [ClaimedResult(r["job_id"], r["result_token"], r["result_attempts"],
+                              r["account"]) for r in rows]
+
+    async def record_result(self, outcome: ResultOutcome, now: datetime | None = None) -> bool:
+        """Write one result fetch's outcome, fenced on its token."""
+        row = await self._one("record_result", {
+            "job_id": outcome.job_id, "token": outcome.token, "state": outcome.state,
+            "result": None if outcome.result is None else Jsonb(outcome.result),
+            "error": outcome.error, "delay_s": outcome.delay_s, "now": now})
+        return row is not None
+
+    async def release_result(self, claim: ClaimedResult, delay_s: float) -> bool:
+        """Give a result fetch back unsent (its attempt not counted)."""
+        row = await self._one("release_result", {"job_id": claim.job_id, "token": claim.token,
+                                                 "delay_s": delay_s, "now": None})
+        return row is not None
+
+    async def next_result_due_in(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,)
+                                 ) -> float | None:
+        """Seconds until the earliest result fetch is due; None if none is pending."""
+        row = await self._one("next_result_due_in", {"accounts": list(accounts)})
+        return None if row is None else cast(float | None, row["next_due_in_s"])
 
     async def add_job(self, job_id: str, delay_s: float = 15.0, now: datetime | None = None,
                       account: str = DEFAULT_ACCOUNT) -> bool:

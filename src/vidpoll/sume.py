@@ -19,6 +19,7 @@ from vidpoll.models import ErrorClass, HttpAnswer
 DEFAULT_BASE_URL = "https://api.sume.com"
 DEFAULT_STATUS_PATH = "/v1/jobs/{job_id}/status"
 DEFAULT_CREATE_PATH = "/v1/videos"
+DEFAULT_RESULT_PATH = "/v1/jobs/{job_id}/result"
 MAX_BODY_BYTES = 1 << 20
 
 
@@ -79,6 +80,10 @@ class SumeClient:
     async def read_status(self, job_id: str) -> HttpAnswer:
         """GET the job's status; every failure comes back as an HttpAnswer, never raised."""
         return await self._call("GET", status_url(self.base_url, job_id, self._status_path))
+
+    async def read_result(self, job_id: str) -> HttpAnswer:
+        """GET a completed job's result (409 job_not_completed until it is ready)."""
+        return await self._call("GET", status_url(self.base_url, job_id, DEFAULT_RESULT_PATH))
 
     async def create_video(self, payload: dict[str, Any], idempotency_key: str) -> HttpAnswer:
         """POST a new render with our own Idempotency-Key (the paid call)."""

@@ -22,11 +22,13 @@ from vidpoll.models import (
     DEFAULT_ACCOUNT,
     PENDING,
     ClaimedJob,
+    ClaimedResult,
     ClaimMode,
     ErrorClass,
     HttpAnswer,
     Notice,
     Outcome,
+    ResultOutcome,
     WorkerStats,
 )
 from vidpoll.policy import (
@@ -38,6 +40,7 @@ from vidpoll.policy import (
     auth_pause_delay,
     backoff_delay,
     decide,
+    decide_result,
     server_pause_s,
 )
 from vidpoll.runner import (
@@ -70,12 +73,27 @@ class Store(Protocol):
                     account: str = ...) -> list[ClaimedJob]:
         """Lease-mode claim of one account's rows, committed at once."""
 
-    def lock_batch(self, limit: int, worker_id: str, account: str = ...
+    def lock_batch(self, limit: int, worker_id: str, account: str = ...,
+                   now: datetime | None = ..., want_results: bool = ...
                    ) -> AbstractAsyncContextManager[LockedBatchLike]:
         """Lock-mode claim, locks held until the block ends."""
 
-    async def record(self, outcomes: Sequence[Outcome]) -> set[str]:
+    async def record(self, outcomes: Sequence[Outcome], now: datetime | None = ...,
+                     want_results: bool = ...) -> set[str]:
         """Fenced writes of outcomes; returns the ids that landed."""
+
+    async def claim_results(self, limit: int, lease_s: float, account: str = ...
+                            ) -> list[ClaimedResult]:
+        """Claim completed jobs whose result is due to fetch."""
+
+    async def record_result(self, outcome: ResultOutcome) -> bool:
+        """Write one result fetch's outcome, fenced."""
+
+    async def release_result(self, claim: ClaimedResult, delay_s: float) -> bool:
+        """Give a result fetch back unsent."""
+
+    async def next_result_due_in(self, accounts: Sequence[str] = ...) -> float | None:
+        """Seconds until the next result fetch is due."""
 
     async def release(self, jobs: Sequence[ClaimedJob]) -> set[str]:
         """Give rows back unread."""
@@ -83,8 +101,8 @@ class Store(Protocol):
     async def next_due_in(self, accounts: Sequence[str] = ...) -> float | None:
         """Seconds until the next pending row is due."""
 
-    async def has_pending(self, accounts: Sequence[str] = ...) -> bool:
-        """Whether any row is still pending."""
+    async def has_pending(self, accounts: Sequence[str] = ..., results: bool = ...) -> bool:
+        """Whether any row is still pending (or, with `results`, has a result to fetch)."""
 
     async def has_queued_intents(self, accounts: Sequence[str] = ...) -> bool:
         """Whether any submission intent still waits to be sent."""
@@ -109,6 +127,9 @@ class StatusReader(Protocol):
     async def read_status(self, job_id: str) -> HttpAnswer:
         """Read one job's status; failures come back as answers, never raised."""
 
+    async def read_result(self, job_id: str) -> HttpAnswer:
+        """Read a completed job's result; failures come back as answers, never raised."""
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -129,6 +150,8 @@ class WorkerConfig:
     """The accounts this worker polls (it has their keys); others' rows are left alone."""
     budgets: Mapping[str, Budget] = field(default_factory=dict)
     """Status-read budgets by account, shared by the fleet; an account without one is unlimited."""
+    fetch_results: bool = False
+    """Fetch each completed job's result (GET .../result), drawing on the same read budget."""
 
 
 class Worker(Runner):
@@ -239,7 +262,7 @@ class Worker(Runner):
         if (cfg.drain and claimed == 0 and self._inflight == 0 and not self._outbox
                 and not (cfg.drain_waits_for_intents
                          and await self.store.has_queued_intents(accounts))
-                and not await self.store.has_pending(accounts)):
+                and not await self.store.has_pending(accounts, results=cfg.fetch_results)):
             log.info("drain: no pending row left")
             self._stopping.set()
             return None
@@ -253,6 +276,10 @@ class Worker(Runner):
         probe_in = min((t - now for t in self._paused_until.values() if t > now),
                        default=cfg.idle_max_s)
         due_in = await self.store.next_due_in(unpaused) if unpaused else None
+        if cfg.fetch_results and unpaused:
+            result_in = await self.store.next_result_due_in(unpaused)
+            if result_in is not None:
+                due_in = result_in if due_in is None else min(due_in, result_in)
         if due_in is None:
             return min(cfg.idle_max_s, probe_in)
         if due_in <= 0:
@@ -303,6 +330,9 @@ class Worker(Runner):
             if granted and not self._stopping.is_set():
                 owns_lane, lane = lane, False  # from here the locked batch releases it
                 n = await self._claim_some(account, granted, owns_lane)
+            if cfg.fetch_results and n < granted and not self._stopping.is_set():
+                # tokens left over: result fetches share the account's read budget
+                n += await self._claim_results(account, granted - n)
         finally:
             if lane:
                 self._lanes.release()
@@ -330,6 +360,45 @@ class Worker(Runner):
         claimed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._spawn(self._locked_batch(limit, account, claimed))
         return await claimed
+
+    async def _claim_results(self, account: str, limit: int) -> int:
+        claims = await self.store.claim_results(limit, self.config.lease_s, account)
+        for claim in claims:
+            self._inflight += 1
+            self._spawn(self._fetch_result(claim))
+        return len(claims)
+
+    async def _fetch_result(self, claim: ClaimedResult) -> None:
+        """GET one completed job's result and record it (its URLs are never logged)."""
+        try:
+            answer = await self.readers[claim.account].read_result(claim.job_id)
+            pause = server_pause_s(answer, self._clock(), self.config.policy)
+            if pause is not None and answer.status == 429:
+                seconds, _ = self._pauses.get(claim.account, (0.0, False))
+                self._pauses[claim.account] = (max(pause, seconds), True)
+                self._outbox_ready.set()
+            decision = decide_result(claim, answer, self._clock(), self.config.policy,
+                                     self._rng)
+            if isinstance(decision, AuthPause):
+                self._auth_paused(claim.account, decision)
+                await self.store.release_result(claim, 0.0)
+                return
+            if await self.store.record_result(decision):
+                if decision.state == "fetched":
+                    self.stats.results_fetched += 1
+                else:
+                    self.stats.result_retries += decision.state == "pending"
+                    log.info("job %s: result %s (%s)", claim.job_id, decision.state,
+                             decision.error)
+        except DatabaseUnavailable as exc:
+            self._db_unavailable(exc)  # the lease ends and the fetch is due again
+        except Exception:
+            log.exception("job %s: unexpected error fetching its result; retried when its "
+                          "lease ends", claim.job_id)
+        finally:
+            self._inflight -= 1
+            self._wake.set()
+            await self.signals.pulse()
 
     def _count_claim(self, n: int) -> None:
         self.stats.claims += 1
@@ -416,7 +485,8 @@ class Worker(Runner):
                             claimed: asyncio.Future[int]) -> None:
         n = 0
         try:
-            async with self.store.lock_batch(limit, self.config.worker_id, account) as batch:
+            async with self.store.lock_batch(limit, self.config.worker_id, account,
+                                             want_results=self.config.fetch_results) as batch:
                 n = len(batch.jobs)
                 self._inflight += n
                 self._count_claim(n)
@@ -472,7 +542,8 @@ class Worker(Runner):
                 for account, (seconds, refused) in pauses.items():
                     await self.store.pause_bucket(account, "status", seconds, refused)
                     self.stats.server_pauses += 1
-                applied = await self.store.record(batch) if batch else set()
+                applied = (await self.store.record(batch, want_results=self.config.fetch_results)
+                           if batch else set())
                 if release:
                     await self.store.release(release)
             except DatabaseUnavailable as exc:

@@ -234,3 +234,42 @@ def test_bulk_default_priority_applies_to_lines_without_one():
     b = deriver.parse(2, '{"prompt": "b", "priority": -1}')
     assert isinstance(a, BulkLine) and isinstance(b, BulkLine)
     assert (a.priority, b.priority) == (7, -1)
+
+
+def _claim(attempts: int = 1):
+    from vidpoll.models import ClaimedResult
+
+    return ClaimedResult("j1", uuid.uuid4(), attempts)
+
+
+@pytest.mark.parametrize(("answer", "state"), [
+    (HttpAnswer(200, b'{"videos": []}'), "fetched"),
+    (HttpAnswer(200, b"<html>"), "pending"),
+    (HttpAnswer(409, envelope("job_not_completed")), "pending"),
+    (HttpAnswer(404, envelope("not_found")), "pending"),
+    (HttpAnswer(429, envelope("rate_limit_exceeded"), retry_after="7"), "pending"),
+    (HttpAnswer(503, b""), "pending"),
+    (HttpAnswer(None, transport_error=ErrorClass.TIMEOUT), "pending"),
+    (HttpAnswer(400, b"proxy says no"), "pending"),
+    (HttpAnswer(400, envelope("bad_request")), "failed"),
+    (HttpAnswer(410, envelope("gone")), "failed"),
+])
+def test_result_fetch_outcomes(answer, state):
+    from vidpoll.policy import decide_result
+
+    out = decide_result(_claim(), answer, NOW, POLICY, random.Random(1))
+    assert not isinstance(out, AuthPause) and out.state == state
+    if answer.retry_after:
+        assert out.delay_s == 7.0
+    if state == "fetched":
+        assert out.result == {"videos": []}
+
+
+def test_result_fetch_gives_up_after_many_tries_and_pauses_on_auth():
+    from vidpoll.policy import MAX_RESULT_ATTEMPTS, decide_result
+
+    out = decide_result(_claim(MAX_RESULT_ATTEMPTS), HttpAnswer(409, b""), NOW, POLICY,
+                        random.Random(1))
+    assert not isinstance(out, AuthPause) and out.state == "failed" and "gave up" in out.error
+    assert isinstance(decide_result(_claim(), HttpAnswer(401, b""), NOW, POLICY,
+                                    random.Random(1)), AuthPause)

@@ -74,7 +74,12 @@ SET state = o.state,
     last_request_id = coalesce(o.request_id, j.last_request_id),
     provider_status = coalesce(o.provider_status, j.provider_status),
     last_response = coalesce(o.body, j.last_response),
-    claim_token = NULL
+    claim_token = NULL,
+    -- a completed job's result is wanted when this worker fetches results (%(want_results)s)
+    result_state = CASE WHEN o.state = 'completed' AND %(want_results)s THEN 'pending'
+                        ELSE j.result_state END,
+    result_next_at = CASE WHEN o.state = 'completed' AND %(want_results)s
+                          THEN coalesce(%(now)s::timestamptz, now()) ELSE j.result_next_at END
 FROM o
 WHERE j.job_id = o.job_id
   AND j.claim_token = o.claim_token
@@ -103,7 +108,10 @@ FROM unnest(%(accounts)s::text[]) AS a(account),
 -- name: has_pending
 -- For --drain: is any row still being polled (claimed or not)?
 SELECT EXISTS (SELECT 1 FROM video_jobs
-               WHERE state = 'pending' AND account = ANY(%(accounts)s::text[])) AS has_pending;
+               WHERE state = 'pending' AND account = ANY(%(accounts)s::text[]))
+    OR (%(results)s AND EXISTS (SELECT 1 FROM video_jobs
+                                WHERE result_state = 'pending'
+                                  AND account = ANY(%(accounts)s::text[]))) AS has_pending;
 
 -- name: insert_job
 -- Tracks a job id Sume returned. ON CONFLICT keeps the first row: a job id we already have is
@@ -539,3 +547,60 @@ SELECT (SELECT effect FROM event) AS effect, EXISTS (SELECT 1 FROM due) AS made_
 -- One job's events, oldest first (`jobs show`).
 SELECT at, kind, from_state, to_state, error_class, http_status, detail
 FROM video_job_events WHERE job_id = %(job_id)s ORDER BY id;
+
+
+-- ---------------------------------------------------------------------------------------------
+-- Results (0007): fetched after completion, from their own small leased queue.
+
+-- name: claim_results
+-- Like claim_due, for completed jobs whose result is still to fetch: the lease is the schedule
+-- (result_next_at moves past it) and result_token fences the write.
+WITH due AS (
+  SELECT ctid FROM video_jobs
+  WHERE result_state = 'pending' AND account = %(account)s
+    AND result_next_at <= coalesce(%(now)s::timestamptz, now())
+  ORDER BY result_next_at
+  LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE video_jobs AS j
+SET result_next_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease_s)s::float8),
+    result_token = gen_random_uuid(),
+    result_attempts = j.result_attempts + 1
+FROM due
+WHERE j.ctid = due.ctid
+RETURNING j.job_id, j.result_token, j.result_attempts, j.account;
+
+-- name: record_result
+-- One result fetch's outcome, fenced on its token: fetched (the body is stored), failed (gave
+-- up, with the error), or pending again after a delay (409 not yet, 5xx, timeout, 429).
+UPDATE video_jobs
+SET result_state = %(state)s,
+    result = coalesce(%(result)s, result),
+    result_error = %(error)s,
+    result_next_at = CASE WHEN %(state)s = 'pending'
+                          THEN coalesce(%(now)s::timestamptz, now())
+                               + make_interval(secs => %(delay_s)s::float8)
+                          ELSE result_next_at END,
+    result_fetched_at = CASE WHEN %(state)s = 'fetched'
+                             THEN coalesce(%(now)s::timestamptz, now()) ELSE result_fetched_at END,
+    result_token = NULL
+WHERE job_id = %(job_id)s AND result_token = %(token)s AND result_state = 'pending'
+RETURNING job_id;
+
+-- name: release_result
+-- A result fetch given back unsent (its account's key was refused): due after the delay, the
+-- attempt not counted.
+UPDATE video_jobs
+SET result_next_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
+    result_attempts = greatest(0, result_attempts - 1), result_token = NULL
+WHERE job_id = %(job_id)s AND result_token = %(token)s AND result_state = 'pending'
+RETURNING job_id;
+
+-- name: next_result_due_in
+-- Seconds until the earliest result fetch of these accounts is due; NULL if none.
+SELECT extract(epoch FROM min(first.result_next_at) - now())::float8 AS next_due_in_s
+FROM unnest(%(accounts)s::text[]) AS a(account),
+     LATERAL (SELECT result_next_at FROM video_jobs j
+              WHERE j.result_state = 'pending' AND j.account = a.account
+              ORDER BY j.result_next_at LIMIT 1) AS first;

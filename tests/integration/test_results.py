@@ -1,0 +1,85 @@
+"""Result fetches after completion: leased, retried on 409 and failures, budgeted, stored."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from vidpoll.models import ClaimedResult
+from vidpoll.policy import Budget
+
+from ..conftest import run_until
+
+DONE = [{"sume_status": "completed", "terminal": True}]
+
+
+async def test_a_completed_job_gets_its_result_as_served(store, fake, make_worker, caplog):
+    fake.add_job("j1", script=DONE)
+    await store.add_job("j1", delay_s=0)
+    worker = make_worker(fetch_results=True, drain=True)
+    with caplog.at_level(logging.DEBUG):
+        await asyncio.wait_for(worker.run(), 10)  # drain waits for the result too
+    row = await store.get_job("j1")
+    assert row is not None and row["result_state"] == "fetched"
+    assert row["result"]["job_id"] == "j1" and "sig=" in row["result"]["videos"][0]["url"]
+    assert worker.stats.results_fetched == 1
+    assert "sig=" not in caplog.text  # a signed URL never reaches the logs
+
+
+async def test_409_not_completed_is_retried_until_ready(store, fake, make_worker):
+    fake.add_job("j1", script=DONE, render_s=0.6, queued_s=0)  # the result lags the status
+    await store.add_job("j1", delay_s=0)
+    worker = make_worker(fetch_results=True)
+    await run_until(worker, lambda: worker.stats.results_fetched == 1, within_s=10)
+    assert worker.stats.result_retries >= 1
+    row = await store.get_job("j1")
+    assert row is not None and row["result_state"] == "fetched" and row["result_attempts"] >= 2
+
+
+async def test_failed_jobs_want_no_result_and_without_the_flag_nothing_is_fetched(
+        store, fake, make_worker):
+    fake.add_job("f", script=[{"sume_status": "failed", "terminal": True}])
+    fake.add_job("c", script=DONE)
+    await store.add_job("f", delay_s=0)
+    await store.add_job("c", delay_s=0)
+    worker = make_worker(drain=True)
+    await asyncio.wait_for(worker.run(), 10)
+    for job_id in ("f", "c"):
+        row = await store.get_job(job_id)
+        assert row is not None and row["result_state"] is None
+
+
+async def test_results_share_the_read_budget(store, fake, make_worker):
+    for i in range(12):
+        fake.add_job(f"j{i}", script=DONE)
+        await store.add_job(f"j{i}", delay_s=0)
+    worker = make_worker(fetch_results=True, budgets={"default": Budget(20, 2)})
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await run_until(worker, lambda: worker.stats.results_fetched == 12, within_s=15)
+    elapsed = loop.time() - start
+    calls = len(fake.read_log) + 12  # status reads + result reads
+    assert calls <= 1 + 20 * elapsed + 1  # one starting token, then 20 a second
+
+
+async def test_result_fetches_are_fenced(store):
+    await store.add_job("j1", delay_s=0)
+    [job] = await store.claim(1, 5, "w")
+    from vidpoll.models import Outcome
+
+    await store.record([Outcome("j1", job.claim_token, "completed", 0, True)],
+                       want_results=True)
+    [stale] = await store.claim_results(1, 0.01, "default")
+    await asyncio.sleep(0.05)
+    [fresh] = await store.claim_results(1, 5, "default")
+    from vidpoll.models import ResultOutcome
+
+    assert not await store.record_result(ResultOutcome("j1", stale.token, "fetched",
+                                                       result={"x": 1}))
+    assert await store.record_result(ResultOutcome("j1", fresh.token, "fetched",
+                                                   result={"x": 2}))
+    row = await store.get_job("j1")
+    assert row is not None and row["result"] == {"x": 2} and fresh.attempts == 2
+    assert isinstance(stale, ClaimedResult)
+    assert json.dumps(row["result"])
