@@ -480,7 +480,7 @@ MAX_RESULT_ATTEMPTS = 30
 
 
 def decide_result(claim: ClaimedResult, answer: HttpAnswer, now: datetime, policy: PollPolicy,
-                  rng: random.Random) -> ResultOutcome | AuthPause:
+                  rng: random.Random) -> ResultOutcome:
     """Classify one result fetch: fetched, not yet (409 and every transient failure: later,
     with backoff or Retry-After), or failed for good (Sume refused, or too many tries)."""
     status = answer.status
@@ -488,7 +488,8 @@ def decide_result(claim: ClaimedResult, answer: HttpAnswer, now: datetime, polic
     code, message = _envelope(body)
 
     def later(what: str) -> ResultOutcome:
-        if claim.attempts >= MAX_RESULT_ATTEMPTS:
+        # a 429 is the server's pacing, not this result failing: it never uses up the tries
+        if claim.attempts >= MAX_RESULT_ATTEMPTS and status != 429:
             return ResultOutcome(claim.job_id, claim.token, "failed",
                                  error=f"gave up after {claim.attempts} tries: {what}")
         hinted = parse_retry_after(answer.retry_after, now)
@@ -500,14 +501,13 @@ def decide_result(claim: ClaimedResult, answer: HttpAnswer, now: datetime, polic
     if answer.transport_error is not None:
         return later(answer.transport_error.value)
     assert status is not None
-    if status in (401, 403):
-        return AuthPause(0.0, status, f"HTTP {status}" + (f": {code}" if code else ""))
     if 200 <= status < 300:
         if body is None:
             return later(f"HTTP {status} body is not a JSON object")
         return ResultOutcome(claim.job_id, claim.token, "fetched", result=body)
-    if status in (404, 408, 409, 425, 429) or status >= 500 or code is None:
-        # 409 job_not_completed: Sume's "not yet"; a new job may 404 for a moment
+    if status in (401, 403, 404, 408, 409, 425, 429) or status >= 500 or code is None:
+        # 409 job_not_completed: Sume's "not yet"; a new job may 404 for a moment; a refused
+        # key is the status reads' business (they pause the account): here it is one more try
         return later(f"HTTP {status}" + (f" {code}" if code else ""))
     return ResultOutcome(claim.job_id, claim.token, "failed",
                          error=f"HTTP {status} {code}: {message or ''}"[:MAX_ERROR_TEXT])

@@ -103,10 +103,8 @@ def _intent(row: dict[str, Any]) -> Intent:
                   error_message=row["error_message"], account=row["account"])
 
 
-def _outcome_params(outcomes: Sequence[Outcome], now: datetime | None,
-                    want_results: bool = False) -> dict[str, Any]:
+def _outcome_params(outcomes: Sequence[Outcome], now: datetime | None) -> dict[str, Any]:
     return {
-        "want_results": want_results,
         "job_ids": [o.job_id for o in outcomes],
         "tokens": [o.claim_token for o in outcomes],
         "states": [o.state for o in outcomes],
@@ -137,7 +135,6 @@ class LockedBatch:
     jobs: list[ClaimedJob]
     _conn: psycopg.AsyncConnection[Any]
     now: datetime | None = None
-    want_results: bool = False
 
     async def record(self, outcomes: Sequence[Outcome]) -> set[str]:
         """Write outcomes inside the batch's transaction; committed when the batch ends."""
@@ -145,8 +142,7 @@ class LockedBatch:
             return set()
         async with _translate_errors():
             cur = await self._conn.execute(_q("record_outcomes"),
-                                           _outcome_params(outcomes, self.now,
-                                                           self.want_results))
+                                           _outcome_params(outcomes, self.now))
             return {r[0] for r in await cur.fetchall()}
 
 
@@ -235,25 +231,23 @@ class PgStore:
 
     @asynccontextmanager
     async def lock_batch(self, limit: int, worker_id: str, account: str = DEFAULT_ACCOUNT,
-                         now: datetime | None = None, want_results: bool = False
-                         ) -> AsyncIterator[LockedBatch]:
+                         now: datetime | None = None) -> AsyncIterator[LockedBatch]:
         """Lock mode: claim up to `limit` rows and hold their locks until the block ends."""
         async with _translate_errors(), self._pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(_q("claim_due"), {"limit": limit, "lease_s": None,
                                                 "worker_id": worker_id, "now": now,
                                                 "account": account})
-            yield LockedBatch([_job(r) for r in await cur.fetchall()], conn, now, want_results)
+            yield LockedBatch([_job(r) for r in await cur.fetchall()], conn, now)
 
-    async def record(self, outcomes: Sequence[Outcome], now: datetime | None = None,
-                     want_results: bool = False) -> set[str]:
+    async def record(self, outcomes: Sequence[Outcome], now: datetime | None = None) -> set[str]:
         """Write read results; returns the job ids whose fence held (the others are stale).
 
-        With `want_results`, a job that completed is queued for its result fetch.
+        A job that completed is queued for its result fetch.
         """
         if not outcomes:
             return set()
-        rows = await self._all("record_outcomes", _outcome_params(outcomes, now, want_results))
+        rows = await self._all("record_outcomes", _outcome_params(outcomes, now))
         return {r["job_id"] for r in rows}
 
     async def release(self, jobs: Sequence[ClaimedJob]) -> set[str]:
@@ -294,12 +288,6 @@ class PgStore:
             "error": outcome.error, "delay_s": outcome.delay_s, "now": now})
         return row is not None
 
-    async def release_result(self, claim: ClaimedResult, delay_s: float) -> bool:
-        """Give a result fetch back unsent (its attempt not counted)."""
-        row = await self._one("release_result", {"job_id": claim.job_id, "token": claim.token,
-                                                 "delay_s": delay_s, "now": None})
-        return row is not None
-
     async def next_result_due_in(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,)
                                  ) -> float | None:
         """Seconds until the earliest result fetch is due; None if none is pending."""
@@ -319,9 +307,12 @@ class PgStore:
         """One job's events (tracked, state changes, error changes), oldest first."""
         return await self._all("job_history", {"job_id": job_id})
 
-    async def receive_webhook(self, event_id: str, job_id: str) -> tuple[str | None, bool]:
-        """Record one delivery and make its job due now; (None, False) for a repeat."""
-        row = await self._one("webhook_receive", {"event_id": event_id, "job_id": job_id})
+    async def receive_webhook(self, event_id: str, job_id: str, signature: str
+                              ) -> tuple[str | None, bool]:
+        """Record one delivery and poke its job; (None, False) for a repeat (same event id
+        or same signature)."""
+        row = await self._one("webhook_receive", {"event_id": event_id, "job_id": job_id,
+                                                  "signature": signature})
         assert row is not None
         return row["effect"], bool(row["made_due"])
 

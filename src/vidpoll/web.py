@@ -47,7 +47,8 @@ def make_app(store: PgStore, webhook_secret: str | None,
             return web.json_response({"error": "need X-Sume-Event-Id and a job id in the body"},
                                      status=400)
         try:
-            effect, made_due = await store.receive_webhook(event_id[:200], job_id)
+            effect, made_due = await store.receive_webhook(
+                event_id[:200], job_id, request.headers.get("X-Sume-Signature", "")[:1000])
         except DatabaseUnavailable:
             # Sume retries a delivery that failed; polling finds the state meanwhile anyway
             return web.json_response({"error": "database unavailable"}, status=503)

@@ -43,9 +43,11 @@ def verify(secret: str, timestamp: str | None, signature: str | None, body: byte
         raise WebhookRejected("X-Sume-Timestamp is not a number") from None
     if not math.isfinite(sent_s) or abs(now_s - sent_s) > tolerance_s:
         raise WebhookRejected(f"timestamp outside the {tolerance_s:g}s replay window")
-    expected = sign(secret, timestamp.strip(), body)
-    offered = [part.strip() for part in signature.split(",")]
-    if not any(hmac.compare_digest(expected, part) for part in offered if part.startswith("v1=")):
+    expected = sign(secret, timestamp.strip(), body).encode()
+    offered = [part.strip().encode("utf-8", "replace") for part in signature.split(",")]
+    # bytes, not str: compare_digest refuses non-ASCII text (a 500 for any garbage header)
+    if not any(hmac.compare_digest(expected, part) for part in offered
+               if part.startswith(b"v1=")):
         raise WebhookRejected("signature does not match")
 
 

@@ -73,13 +73,11 @@ class Store(Protocol):
                     account: str = ...) -> list[ClaimedJob]:
         """Lease-mode claim of one account's rows, committed at once."""
 
-    def lock_batch(self, limit: int, worker_id: str, account: str = ...,
-                   now: datetime | None = ..., want_results: bool = ...
+    def lock_batch(self, limit: int, worker_id: str, account: str = ...
                    ) -> AbstractAsyncContextManager[LockedBatchLike]:
         """Lock-mode claim, locks held until the block ends."""
 
-    async def record(self, outcomes: Sequence[Outcome], now: datetime | None = ...,
-                     want_results: bool = ...) -> set[str]:
+    async def record(self, outcomes: Sequence[Outcome]) -> set[str]:
         """Fenced writes of outcomes; returns the ids that landed."""
 
     async def claim_results(self, limit: int, lease_s: float, account: str = ...
@@ -88,9 +86,6 @@ class Store(Protocol):
 
     async def record_result(self, outcome: ResultOutcome) -> bool:
         """Write one result fetch's outcome, fenced."""
-
-    async def release_result(self, claim: ClaimedResult, delay_s: float) -> bool:
-        """Give a result fetch back unsent."""
 
     async def next_result_due_in(self, accounts: Sequence[str] = ...) -> float | None:
         """Seconds until the next result fetch is due."""
@@ -372,17 +367,9 @@ class Worker(Runner):
         """GET one completed job's result and record it (its URLs are never logged)."""
         try:
             answer = await self.readers[claim.account].read_result(claim.job_id)
-            pause = server_pause_s(answer, self._clock(), self.config.policy)
-            if pause is not None and answer.status == 429:
-                seconds, _ = self._pauses.get(claim.account, (0.0, False))
-                self._pauses[claim.account] = (max(pause, seconds), True)
-                self._outbox_ready.set()
+            self._note_server_pause(claim.account, answer)
             decision = decide_result(claim, answer, self._clock(), self.config.policy,
                                      self._rng)
-            if isinstance(decision, AuthPause):
-                self._auth_paused(claim.account, decision)
-                await self.store.release_result(claim, 0.0)
-                return
             if await self.store.record_result(decision):
                 if decision.state == "fetched":
                     self.stats.results_fetched += 1
@@ -414,16 +401,7 @@ class Worker(Runner):
             answer = HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
                                 detail=type(exc).__name__)
         self.stats.reads += 1
-        pause = server_pause_s(answer, self._clock(), self.config.policy)
-        if pause is not None and (answer.status == 429 or job.account not in self.config.budgets):
-            # a refusal always pauses the fleet; "Remaining: 0" only an account without a
-            # budget (a budgeted fleet already paces itself, and a server at its limit says
-            # it on nearly every answer: pausing on each held the fleet to 0.75 of the limit)
-            # the server's word goes to the fleet's bucket (written by the writer, batched)
-            seconds, refused = self._pauses.get(job.account, (0.0, False))
-            self._pauses[job.account] = (max(pause, seconds),
-                                         refused or answer.status == 429)
-            self._outbox_ready.set()
+        self._note_server_pause(job.account, answer)
         try:
             decision = decide(job, answer, self._clock(), self.config.policy, self._rng)
         except Exception as exc:
@@ -455,6 +433,20 @@ class Worker(Runner):
                 log.warning("Sume sent an unknown non-terminal status %r; polling on", word)
         return decision
 
+    def _note_server_pause(self, account: str, answer: HttpAnswer) -> None:
+        """Queue the server's pause for the fleet's bucket (written by the writer, batched).
+
+        A refusal (429) always pauses; "Remaining: 0" only an account without a budget: a
+        budgeted fleet already paces itself, and a server at its limit says it on nearly every
+        answer (pausing on each held the fleet to 0.75 of the limit).
+        """
+        pause = server_pause_s(answer, self._clock(), self.config.policy)
+        if pause is None or (answer.status != 429 and account in self.config.budgets):
+            return
+        seconds, refused = self._pauses.get(account, (0.0, False))
+        self._pauses[account] = (max(pause, seconds), refused or answer.status == 429)
+        self._outbox_ready.set()
+
     def _auth_paused(self, account: str, pause: AuthPause) -> None:
         loop = asyncio.get_running_loop()
         if self._paused_until.get(account, 0.0) > loop.time():
@@ -485,8 +477,7 @@ class Worker(Runner):
                             claimed: asyncio.Future[int]) -> None:
         n = 0
         try:
-            async with self.store.lock_batch(limit, self.config.worker_id, account,
-                                             want_results=self.config.fetch_results) as batch:
+            async with self.store.lock_batch(limit, self.config.worker_id, account) as batch:
                 n = len(batch.jobs)
                 self._inflight += n
                 self._count_claim(n)
@@ -542,8 +533,7 @@ class Worker(Runner):
                 for account, (seconds, refused) in pauses.items():
                     await self.store.pause_bucket(account, "status", seconds, refused)
                     self.stats.server_pauses += 1
-                applied = (await self.store.record(batch, want_results=self.config.fetch_results)
-                           if batch else set())
+                applied = await self.store.record(batch) if batch else set()
                 if release:
                     await self.store.release(release)
             except DatabaseUnavailable as exc:

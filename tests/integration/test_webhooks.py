@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import aiohttp
+import psycopg
 import pytest
 
 from vidpoll.store import PgStore
@@ -57,7 +58,7 @@ async def test_a_valid_webhook_gets_the_job_read_within_a_second(store, fake, se
         status, answer = await deliver(server, {"type": "avatar_video.ready",
                                                 "data": {"job_id": "vid_1",
                                                          "status": "failed"}})
-        assert (status, answer) == (200, {"status": "made_due", "made_due": True})
+        assert (status, answer) == (200, {"status": "poked", "made_due": True})
         await worker.signals.wait_for(lambda: worker.stats.finished == 1, 1.0)
         delay = asyncio.get_running_loop().time() - sent
     finally:
@@ -69,6 +70,7 @@ async def test_a_valid_webhook_gets_the_job_read_within_a_second(store, fake, se
 
 
 async def test_forged_stale_and_replayed_deliveries_change_nothing(store, server):
+    statuses: list[str] = []
     await store.add_job("vid_1", delay_s=3600)
     before = await due_in_s(store, "vid_1")
     payload = {"job_id": "vid_1"}
@@ -78,25 +80,53 @@ async def test_forged_stale_and_replayed_deliveries_change_nothing(store, server
             f"{server}/webhooks/sume", json=payload) as resp:
         assert resp.status == 401  # unsigned
     assert await due_in_s(store, "vid_1") == pytest.approx(before, abs=1)
-    assert (await deliver(server, payload, event_id="evt_9"))[1]["status"] == "made_due"
+    assert (await deliver(server, payload, event_id="evt_9"))[1]["status"] == "poked"
     await store.add_job("vid_2", delay_s=3600)
     # the same event again (Sume retries deliveries): recognised, nothing done
     status, answer = await deliver(server, {"job_id": "vid_2"}, event_id="evt_9")
     assert (status, answer) == (200, {"status": "duplicate"})
     assert await due_in_s(store, "vid_2") > 3500
+    # a captured delivery resent under a new event id (the id is not signed): still a repeat
+    body = json.dumps({"job_id": "vid_2"}).encode()
+    stamp = f"{time.time():.0f}"
+    headers = {"X-Sume-Timestamp": stamp, "X-Sume-Signature": sign(SECRET, stamp, body),
+               "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as http:
+        for event_id in ("evt_a", "evt_b"):
+            async with http.post(f"{server}/webhooks/sume", data=body,
+                                 headers={**headers, "X-Sume-Event-Id": event_id}) as resp:
+                statuses.append((await resp.json())["status"])
+    assert statuses == ["poked", "duplicate"]
 
 
-async def test_unknown_finished_and_claimed_jobs(store, server):
+async def test_unknown_finished_and_claimed_jobs(store, server, db_url):
+    from vidpoll.models import Outcome
+
     assert (await deliver(server, {"job_id": "nope"}, event_id="e1"))[1] == {
         "status": "unknown", "made_due": False}
-    await store.add_job("done", delay_s=0)
-    await store.claim(1, 30, "w")
-    assert (await deliver(server, {"job_id": "done"}, event_id="e2"))[1]["status"] == "claimed"
-    assert await due_in_s(store, "done") > 25  # the lease stands: no second read at once
+    await store.add_job("busy", delay_s=0)
+    [job] = await store.claim(1, 30, "w")
+    status, answer = await deliver(server, {"job_id": "busy"}, event_id="e2")
+    assert (status, answer) == (200, {"status": "poked", "made_due": False})
+    assert await due_in_s(store, "busy") > 25  # the lease stands: no second read at once
+    # the read in flight answers "running, look again in an hour": the poke wins, due now
+    await store.record([Outcome("busy", job.claim_token, "pending", 3600, True)])
+    assert await due_in_s(store, "busy") <= 0.5
+    await store.add_job("done", delay_s=3600)
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute("UPDATE video_jobs SET state = 'completed' WHERE job_id = 'done'")
+    assert (await deliver(server, {"job_id": "done"}, event_id="e3"))[1] == {
+        "status": "finished", "made_due": False}
 
 
 async def test_bad_bodies_and_sizes(store, server):
     assert (await deliver(server, None, raw=b"not json", event_id="e1"))[0] == 400
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{server}/webhooks/sume", data=b"{}",
+            headers={"X-Sume-Timestamp": f"{time.time():.0f}",
+                     "X-Sume-Signature": "v1=\u00e9t\u00e9".encode().decode("latin-1"),
+                     "X-Sume-Event-Id": "e9"}) as resp:
+        assert resp.status == 401  # garbage, even non-ASCII, is a refusal, not a 500
     assert (await deliver(server, {"job_id": "x"}, event_id=""))[0] == 400
     big = b'{"job_id": "x", "pad": "' + b"a" * MAX_BODY_BYTES + b'"}'
     assert (await deliver(server, None, raw=big, event_id="e3"))[0] == 413

@@ -258,18 +258,22 @@ def test_result_fetch_outcomes(answer, state):
     from vidpoll.policy import decide_result
 
     out = decide_result(_claim(), answer, NOW, POLICY, random.Random(1))
-    assert not isinstance(out, AuthPause) and out.state == state
+    assert out.state == state
     if answer.retry_after:
         assert out.delay_s == 7.0
     if state == "fetched":
         assert out.result == {"videos": []}
 
 
-def test_result_fetch_gives_up_after_many_tries_and_pauses_on_auth():
+def test_result_fetch_gives_up_after_many_tries_but_not_for_pacing():
     from vidpoll.policy import MAX_RESULT_ATTEMPTS, decide_result
 
     out = decide_result(_claim(MAX_RESULT_ATTEMPTS), HttpAnswer(409, b""), NOW, POLICY,
                         random.Random(1))
-    assert not isinstance(out, AuthPause) and out.state == "failed" and "gave up" in out.error
-    assert isinstance(decide_result(_claim(), HttpAnswer(401, b""), NOW, POLICY,
-                                    random.Random(1)), AuthPause)
+    assert out.state == "failed" and out.error and "gave up" in out.error
+    # a 429 is pacing, never a used-up try; a refused key is one more try, not a pause
+    paced = decide_result(_claim(MAX_RESULT_ATTEMPTS), HttpAnswer(429, b"", retry_after="5"),
+                          NOW, POLICY, random.Random(1))
+    assert paced.state == "pending" and paced.delay_s == 5
+    assert decide_result(_claim(), HttpAnswer(401, b""), NOW, POLICY,
+                         random.Random(1)).state == "pending"

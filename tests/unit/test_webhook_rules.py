@@ -35,6 +35,7 @@ def test_a_signed_recent_delivery_passes():
     (f"{NOW:.0f}", None, BODY + b" ", "does not match"),
     (f"{NOW:.0f}", "v2=whatever", BODY, "does not match"),
     ("nan", "v1=00", BODY, "replay window"),
+    (f"{NOW:.0f}", "v1=\u00e9\u00e9, v1=\u4e2d", BODY, "does not match"),
 ])
 def test_forged_stale_or_malformed_deliveries_are_refused(stamp, signature, body, reason):
     if signature is None:  # signed correctly for BODY at that time: only the named fault

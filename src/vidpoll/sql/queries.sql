@@ -57,9 +57,13 @@ WITH o AS (
 )
 UPDATE video_jobs AS j
 SET state = o.state,
+    -- a webhook poked the row while this read was in flight: read it again at once
     next_poll_at = CASE WHEN o.state = 'pending'
-                        THEN coalesce(%(now)s::timestamptz, now()) + make_interval(secs => o.delay_s)
+                        THEN coalesce(%(now)s::timestamptz, now()) + make_interval(
+                               secs => CASE WHEN j.poked_at > j.claimed_at THEN 0
+                                            ELSE o.delay_s END)
                         ELSE j.next_poll_at END,
+    poked_at = NULL,
     finished_at = CASE WHEN o.state = 'pending' THEN NULL
                        ELSE coalesce(%(now)s::timestamptz, now()) END,
     updated_at = coalesce(%(now)s::timestamptz, now()),
@@ -75,10 +79,10 @@ SET state = o.state,
     provider_status = coalesce(o.provider_status, j.provider_status),
     last_response = coalesce(o.body, j.last_response),
     claim_token = NULL,
-    -- a completed job's result is wanted when this worker fetches results (%(want_results)s)
-    result_state = CASE WHEN o.state = 'completed' AND %(want_results)s THEN 'pending'
-                        ELSE j.result_state END,
-    result_next_at = CASE WHEN o.state = 'completed' AND %(want_results)s
+    -- every completed job's result is queued, whichever worker saw it complete; workers
+    -- started with --fetch-results fetch them
+    result_state = CASE WHEN o.state = 'completed' THEN 'pending' ELSE j.result_state END,
+    result_next_at = CASE WHEN o.state = 'completed'
                           THEN coalesce(%(now)s::timestamptz, now()) ELSE j.result_next_at END
 FROM o
 WHERE j.job_id = o.job_id
@@ -518,36 +522,32 @@ ORDER BY account;
 -- Webhooks (0005): a hint that makes a job due now; polling stays the source of truth.
 
 -- name: webhook_receive
--- One delivery, in one statement: record the event id (a repeat changes nothing) and, for a
--- new one, make its pending job due now. A row a worker holds (claim_token set) is left alone:
--- its read is already under way, and moving next_poll_at would let a second worker read it at
--- the same time. The NOTIFY trigger on "made due sooner" wakes idle workers.
+-- One delivery, in one statement: record the event (a repeat of its id or of its signature
+-- changes nothing) and, for a new one, poke its pending job: an unclaimed row is made due now
+-- (the NOTIFY trigger on "made due sooner" wakes idle workers); a row a worker is reading gets
+-- poked_at, and that read's record makes it due again at once. The UPDATE re-checks the row
+-- after any lock wait, so a lock-mode read in flight is handled like a leased one.
 WITH event AS (
-  INSERT INTO vidpoll_webhook_events (event_id, job_id, effect)
+  INSERT INTO vidpoll_webhook_events (event_id, job_id, effect, signature)
   SELECT %(event_id)s, %(job_id)s,
          CASE WHEN j.job_id IS NULL THEN 'unknown'
               WHEN j.state <> 'pending' THEN 'finished'
-              WHEN j.claim_token IS NOT NULL THEN 'claimed'
-              WHEN j.next_poll_at <= now() THEN 'already_due'
-              ELSE 'made_due' END
+              ELSE 'poked' END,
+         %(signature)s
   FROM (SELECT 1) AS one
   LEFT JOIN video_jobs j ON j.job_id = %(job_id)s
-  ON CONFLICT (event_id) DO NOTHING
+  ON CONFLICT DO NOTHING
   RETURNING effect
-), due AS (
-  UPDATE video_jobs SET next_poll_at = now(), updated_at = now()
-  WHERE job_id = %(job_id)s AND state = 'pending' AND claim_token IS NULL
-    AND next_poll_at > now()
-    AND EXISTS (SELECT 1 FROM event WHERE effect = 'made_due')
-  RETURNING job_id
+), poke AS (
+  UPDATE video_jobs
+  SET next_poll_at = CASE WHEN claim_token IS NULL THEN least(next_poll_at, now())
+                          ELSE next_poll_at END,
+      poked_at = now()
+  WHERE job_id = %(job_id)s AND state = 'pending' AND EXISTS (SELECT 1 FROM event)
+  RETURNING claim_token IS NULL AS made_due
 )
-SELECT (SELECT effect FROM event) AS effect, EXISTS (SELECT 1 FROM due) AS made_due;
-
--- name: job_history
--- One job's events, oldest first (`jobs show`).
-SELECT at, kind, from_state, to_state, error_class, http_status, detail
-FROM video_job_events WHERE job_id = %(job_id)s ORDER BY id;
-
+SELECT (SELECT effect FROM event) AS effect,
+       coalesce((SELECT made_due FROM poke), false) AS made_due;
 
 -- ---------------------------------------------------------------------------------------------
 -- Results (0007): fetched after completion, from their own small leased queue.
@@ -559,6 +559,10 @@ WITH due AS (
   SELECT ctid FROM video_jobs
   WHERE result_state = 'pending' AND account = %(account)s
     AND result_next_at <= coalesce(%(now)s::timestamptz, now())
+    -- result reads are reads: a server pause of the account's reads stops them too
+    AND NOT EXISTS (SELECT 1 FROM vidpoll_rate_buckets b
+                    WHERE b.account = %(account)s AND b.kind = 'status'
+                      AND b.paused_until > clock_timestamp())
   ORDER BY result_next_at
   LIMIT %(limit)s
   FOR UPDATE SKIP LOCKED
@@ -588,15 +592,6 @@ SET result_state = %(state)s,
 WHERE job_id = %(job_id)s AND result_token = %(token)s AND result_state = 'pending'
 RETURNING job_id;
 
--- name: release_result
--- A result fetch given back unsent (its account's key was refused): due after the delay, the
--- attempt not counted.
-UPDATE video_jobs
-SET result_next_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
-    result_attempts = greatest(0, result_attempts - 1), result_token = NULL
-WHERE job_id = %(job_id)s AND result_token = %(token)s AND result_state = 'pending'
-RETURNING job_id;
-
 -- name: next_result_due_in
 -- Seconds until the earliest result fetch of these accounts is due; NULL if none.
 SELECT extract(epoch FROM min(first.result_next_at) - now())::float8 AS next_due_in_s
@@ -604,3 +599,8 @@ FROM unnest(%(accounts)s::text[]) AS a(account),
      LATERAL (SELECT result_next_at FROM video_jobs j
               WHERE j.result_state = 'pending' AND j.account = a.account
               ORDER BY j.result_next_at LIMIT 1) AS first;
+
+-- name: job_history
+-- One job's events, oldest first (`jobs show`).
+SELECT at, kind, from_state, to_state, error_class, http_status, detail
+FROM video_job_events WHERE job_id = %(job_id)s ORDER BY id;

@@ -8,5 +8,13 @@ CREATE TABLE IF NOT EXISTS vidpoll_webhook_events (
   -- read is in flight), finished (the row is final), unknown (no such job)
   effect      text NOT NULL
 );
-CREATE INDEX IF NOT EXISTS vidpoll_webhook_events_received_idx
-  ON vidpoll_webhook_events (received_at);
+-- the signature is unique too: a captured delivery resent under a new event id (the event id
+-- is not signed) is still the same signed delivery
+ALTER TABLE vidpoll_webhook_events ADD COLUMN IF NOT EXISTS signature text;
+CREATE UNIQUE INDEX IF NOT EXISTS vidpoll_webhook_events_signature_idx
+  ON vidpoll_webhook_events (signature);
+
+-- A delivery for a row a worker is reading right now cannot move next_poll_at (the read in
+-- flight would overwrite it): it leaves a mark instead, and the read's record makes the row
+-- due again at once.
+ALTER TABLE video_jobs ADD COLUMN IF NOT EXISTS poked_at timestamptz;
