@@ -61,6 +61,8 @@ class Vidpoll:
     def __init__(self, store: PgStore, settings: Settings) -> None:
         self.store = store
         self.settings = settings
+        self.wait_reads = 0
+        """Rows read by wait() so far (LISTEN is always in place before the first)."""
 
     @classmethod
     async def open(cls, database_url: str | None = None, *,
@@ -220,6 +222,7 @@ class Vidpoll:
                         job_id = intent.job_id
                     if job_id is not None:
                         job = await self.store.job(job_id)
+                        self.wait_reads += 1
                         if job is None:
                             raise LookupError(f"no job {job_id!r}")
                         if job.is_final:

@@ -61,11 +61,20 @@ async def finish(db_url: str, job_id: str, state: str = "completed") -> None:
         await conn.execute("UPDATE video_jobs SET state = %s WHERE job_id = %s", (state, job_id))
 
 
+async def read_once(vp: Vidpoll, waiter: asyncio.Task[object]) -> None:
+    """Until wait() has read the pending row once: a change after that only reaches it by
+    NOTIFY (or by its fallback re-read), never by its first read."""
+    async with asyncio.timeout(10):
+        while vp.wait_reads < 1 and not waiter.done():  # noqa: ASYNC110 (bounded)
+            await asyncio.sleep(0.005)
+    assert vp.wait_reads == 1
+
+
 async def test_wait_wakes_on_notify(vp, store, db_url, monkeypatch):
     monkeypatch.setattr(vidpoll.api, "WAIT_FALLBACK_S", 60.0)  # only a NOTIFY can wake it
     await store.add_job("j1")
     waiter = asyncio.create_task(vp.wait("j1", timeout=20))
-    await asyncio.sleep(0.3)  # let it read the row once and start waiting
+    await read_once(vp, waiter)
     assert not waiter.done()
     await finish(db_url, "j1")
     job = await asyncio.wait_for(waiter, 10)
@@ -79,7 +88,7 @@ async def test_wait_falls_back_to_reading_when_a_notify_is_missed(vp, store, db_
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await conn.execute("ALTER TABLE video_jobs DISABLE TRIGGER vidpoll_jobs_done")
     waiter = asyncio.create_task(vp.wait("j1", timeout=20))
-    await asyncio.sleep(0.3)
+    await read_once(vp, waiter)
     await finish(db_url, "j1", "failed")
     job = await asyncio.wait_for(waiter, 10)
     assert job.state == "failed"

@@ -251,12 +251,23 @@ async def test_the_lease_starts_after_the_wait_for_the_admission_lock(store, db_
     async with await psycopg.AsyncConnection.connect(db_url) as holder:
         await holder.execute("SELECT pg_advisory_xact_lock(730619836, hashtext('default'))")
         claim = asyncio.create_task(store.claim_intents(1, 5.0, "w", max_active=10))
-        await asyncio.sleep(1.0)  # the claim waits for the admission lock all this time
+        async with asyncio.timeout(10):  # until the claim is blocked on the lock
+            while not await waiting_for_a_lock(db_url):  # noqa: ASYNC110 (bounded)
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(1.0)  # the time spent waiting that the lease must not lose
         assert not claim.done()
         await holder.commit()
         claimed = await claim
     left_s = await lease_left(db_url, "k1")
     assert [c.key for c in claimed] == ["k1"] and left_s > 4.5  # not 5 s minus the wait
+
+
+async def waiting_for_a_lock(db_url: str) -> bool:
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        cur = await conn.execute("SELECT count(*) FROM pg_stat_activity "
+                                 "WHERE datname = current_database() AND wait_event_type = 'Lock'")
+        row = await cur.fetchone()
+        return bool(row and row[0])
 
 
 async def lease_left(db_url: str, key: str) -> float:
