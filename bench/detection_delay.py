@@ -14,16 +14,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import tempfile
-import uuid
-from pathlib import Path
 
-import psycopg
-from psycopg import sql
+from scratch_db import scratch_database
 
-from vidpoll.embedded import start_embedded
 from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.policy import PollPolicy
 from vidpoll.store import PgStore, migrate
@@ -74,21 +68,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--jobs", type=int, default=200)
     args = p.parse_args()
-    admin = os.environ.get("DATABASE_URL") or start_embedded(
-        Path(os.environ.get("VIDPOLL_HOME")
-             or Path(tempfile.gettempdir()) / "vidpoll-bench"), database="postgres")
     for webhooks in (False, True):
-        db = f"bench_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
-        try:
-            figures = asyncio.run(run(psycopg.conninfo.make_conninfo(admin, dbname=db),
-                                      args.jobs, webhooks))
-            print(json.dumps(figures), flush=True)
-        finally:
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    sql.Identifier(db)))
+        with scratch_database() as url:
+            figures = asyncio.run(run(url, args.jobs, webhooks))
+        print(json.dumps(figures), flush=True)
 
 
 if __name__ == "__main__":

@@ -14,20 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-import uuid
-from pathlib import Path
 
-import psycopg
-from psycopg import sql
+from scratch_db import scratch_database
 
-from vidpoll.embedded import start_embedded
 from vidpoll.models import ClaimMode
 from vidpoll.store import PgStore, migrate
 from vidpoll.sume import SumeClient
@@ -52,13 +46,11 @@ def main() -> None:
     p.add_argument("--db-connections", type=int, default=4)
     args = p.parse_args()
 
-    admin = os.environ.get("DATABASE_URL") or start_embedded(
-        Path(os.environ.get("VIDPOLL_HOME")
-             or Path(tempfile.gettempdir()) / "vidpoll-bench"), database="postgres")
-    name = f"bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = psycopg.conninfo.make_conninfo(admin, dbname=name)
+    with scratch_database() as url:
+        run(url, args)
+
+
+def run(url: str, args: argparse.Namespace) -> None:
     port = free_port()
     fake = subprocess.Popen([sys.executable, "-m", "vidpoll.cli", "fake-sume", "--port",
                              str(port), "--api-key", KEY, "--latency-ms", str(args.latency_ms),
@@ -80,9 +72,6 @@ def main() -> None:
     finally:
         fake.terminate()
         fake.wait(10)
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(name)))
 
 
 async def measure(url: str, base: str, args: argparse.Namespace) -> dict[str, object]:

@@ -20,14 +20,9 @@ import json
 import os
 import signal
 import sys
-import tempfile
-import uuid
-from pathlib import Path
 
-import psycopg
-from psycopg import sql
+from scratch_db import scratch_database
 
-from vidpoll.embedded import start_embedded
 from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.store import PgStore, migrate
 
@@ -106,22 +101,11 @@ def main() -> None:
     p.add_argument("--scenario", action="append",
                    choices=["match", "lower", "accounts"])
     args = p.parse_args()
-    admin = os.environ.get("DATABASE_URL") or start_embedded(
-        Path(os.environ.get("VIDPOLL_HOME")
-             or Path(tempfile.gettempdir()) / "vidpoll-bench"), database="postgres")
     for name in args.scenario or ["match", "lower", "accounts"]:
-        db = f"bench_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
-        try:
-            url = psycopg.conninfo.make_conninfo(admin, dbname=db)
+        with scratch_database() as url:
             figures = asyncio.run(scenario(url, name, args.seconds, args.warmup, args.burst,
                                            args.latency_ms / 1000))
-            print(json.dumps(figures), flush=True)
-        finally:
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    sql.Identifier(db)))
+        print(json.dumps(figures), flush=True)
 
 
 if __name__ == "__main__":

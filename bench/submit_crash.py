@@ -21,14 +21,9 @@ import json
 import os
 import random
 import sys
-import tempfile
-import uuid
-from pathlib import Path
 
-import psycopg
-from psycopg import sql
+from scratch_db import scratch_database
 
-from vidpoll.embedded import start_embedded
 from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.store import PgStore, migrate
 
@@ -93,18 +88,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
-    admin = os.environ.get("DATABASE_URL") or start_embedded(
-        Path(os.environ.get("VIDPOLL_HOME")
-             or Path(tempfile.gettempdir()) / "vidpoll-bench"), database="postgres")
-    name = f"bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        figures = asyncio.run(run(args, psycopg.conninfo.make_conninfo(admin, dbname=name)))
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(name)))
+    with scratch_database() as url:
+        figures = asyncio.run(run(args, url))
     print(json.dumps(figures))
 
 
