@@ -96,9 +96,10 @@ class Vidpoll:
         if send_now:
             # before recording: nothing that no one could send
             self.settings.require_api_key(account)
-        sub = await self.record(payload, key=key, priority=priority, account=account)
+        sub = await self.record(payload, key=key, priority=priority, account=account,
+                                explain=False)
         if not (sub.new and send_now):
-            return sub
+            return await self.explained(sub)
         try:
             sent = await self.send(sub.key)
         except BaseException as exc:
@@ -108,14 +109,24 @@ class Vidpoll:
         return Submission(sent.intent, True, sent.reason)
 
     async def record(self, payload: dict[str, Any], *, key: str | None = None,
-                     priority: int = 0, account: str = DEFAULT_ACCOUNT) -> Submission:
-        """Record an intent without sending it (a running worker sends it)."""
+                     priority: int = 0, account: str = DEFAULT_ACCOUNT,
+                     explain: bool = True) -> Submission:
+        """Record an intent without sending it (a running worker sends it).
+
+        `explain=False` skips the queries behind `reason`, for a caller about to send it.
+        """
         key = key or str(uuid.uuid4())
         intent, new = await self.store.add_intent(key, payload, priority, account)
         if intent.state == REJECTED:
             raise IntentRejected(key, intent.error_code, intent.error_message)
-        reason = None if intent.state != QUEUED else await self.queued_reason(key)
-        return Submission(intent, new, reason)
+        sub = Submission(intent, new)
+        return await self.explained(sub) if explain else sub
+
+    async def explained(self, sub: Submission) -> Submission:
+        """`sub` with the reason it is still queued filled in (if it is)."""
+        if sub.intent.state != QUEUED or sub.reason is not None:
+            return sub
+        return Submission(sub.intent, sub.new, await self.queued_reason(sub.key))
 
     async def send(self, key: str) -> Submission:
         """Try the POST of a recorded intent once, if its turn has come under the cap and

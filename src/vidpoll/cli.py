@@ -465,13 +465,15 @@ def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, ke
 
     async def go() -> tuple[Submission, str | None, bool]:
         async with await Vidpoll.open(settings=settings) as vp:
-            sub = await vp.record(payload, key=key, priority=priority, account=account)
+            sub = await vp.record(payload, key=key, priority=priority, account=account,
+                                  explain=False)
             if sub.new:
                 # said at once: if anything fails from here on, this key is how to try again
                 click.echo(f"recorded intent {sub.key}", err=True)
                 if not queue_only:
                     sent = await vp.send(sub.key)
                     sub = Submission(sent.intent, True, sent.reason)
+            sub = await vp.explained(sub)
             _report_submission(sub, as_json)
             if not wait_:
                 return sub, None, False
