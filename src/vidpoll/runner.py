@@ -10,11 +10,12 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 
+from vidpoll.config import key_variable
 from vidpoll.models import Notice
-from vidpoll.policy import PollPolicy, backoff_delay
+from vidpoll.policy import AuthPause, PollPolicy, auth_pause_delay, backoff_delay
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,9 @@ class Runner:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight = 0
+        # a refused key pauses its own account only: 401/403s in a row, and paused until when
+        self._auth_failures: dict[str, int] = {}
+        self._paused_until: dict[str, float] = {}
 
     def stop(self) -> None:
         """Stop claiming; work in flight finishes and is recorded, then run() returns."""
@@ -72,6 +76,46 @@ class Runner:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
+
+    # -- accounts paused by a refused key (or, for submitters, by an empty account) ---------
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def _unpaused(self, accounts: Sequence[str]) -> list[str]:
+        """The accounts that may be claimed for now."""
+        now = self._now()
+        return [a for a in accounts if self._paused_until.get(a, 0.0) <= now]
+
+    def _all_paused_for(self, accounts: Sequence[str]) -> float:
+        """Seconds until the first of `accounts` may be claimed again; <= 0 if one may now."""
+        return min(self._paused_until.get(a, 0.0) for a in accounts) - self._now()
+
+    def _probe_in(self, default: float) -> float:
+        """Seconds until a paused account's probe is due (`default` if none is paused)."""
+        now = self._now()
+        return min((t - now for t in self._paused_until.values() if t > now), default=default)
+
+    def _key_refused(self, account: str, pause: AuthPause, doing: str) -> bool:
+        """Pause `account` after a 401/403, longer each time; False if already paused (the
+        other answers of the same pause: counted and logged once)."""
+        now = self._now()
+        if self._paused_until.get(account, 0.0) > now:
+            return False
+        failures = self._auth_failures[account] = self._auth_failures.get(account, 0) + 1
+        delay = auth_pause_delay(failures, self._policy, self._rng)
+        self._paused_until[account] = now + delay
+        log.error("Sume rejected the API key of account %r (HTTP %d: %s); its %s paused for "
+                  "%.0fs, nothing touched. Check %s.", account, pause.http_status, pause.detail,
+                  doing, delay, key_variable(account))
+        return True
+
+    def _key_accepted(self, account: str, doing: str) -> None:
+        """An answer other than 401/403 for `account`: its pauses end."""
+        if self._auth_failures.get(account):
+            log.warning("Sume accepts the API key of account %r again; %s resumes", account,
+                        doing)
+            self._auth_failures[account] = 0
+            self._wake.set()
 
     def _notifications(self) -> AsyncIterator[Notice]:
         raise NotImplementedError

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from vidpoll.config import DEFAULT_FIRST_POLL_S, DEFAULT_MAX_ACTIVE, key_variable
+from vidpoll.config import DEFAULT_FIRST_POLL_S, DEFAULT_MAX_ACTIVE
 from vidpoll.errors import ConfigError, DatabaseUnavailable
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
@@ -153,10 +153,8 @@ class Submitter(Runner):
         self._turn = 0
         self.config = config
         self.stats = SubmitStats()
-        # a refused key or an empty account pauses that account only
-        self._auth_failures: dict[str, int] = {}
+        # an empty account (402) pauses that account only, like a refused key
         self._credit_failures: dict[str, int] = {}
-        self._paused_until: dict[str, float] = {}
 
     async def run(self) -> None:
         """Send intents until stop() (or, with drain, until none is queued)."""
@@ -185,7 +183,7 @@ class Submitter(Runner):
         db_failures = 0
         while not self._stopping.is_set():
             self._wake.clear()
-            paused_for = min(self._paused_until.get(a, 0.0) for a in cfg.accounts) - loop.time()
+            paused_for = self._all_paused_for(cfg.accounts)
             if paused_for > 0:  # every account is paused (key refused, or out of credits)
                 await self._sleep(paused_for)
                 continue
@@ -226,8 +224,7 @@ class Submitter(Runner):
         cfg = self.config
         self._budget_wait = None
         self._turn += 1
-        now = asyncio.get_running_loop().time()
-        accounts = [a for a in cfg.accounts if self._paused_until.get(a, 0.0) <= now]
+        accounts = self._unpaused(cfg.accounts)
         claimed: list[ClaimedIntent] = []
         for i in range(len(accounts)):
             account = accounts[(self._turn + i) % len(accounts)]
@@ -276,9 +273,7 @@ class Submitter(Runner):
             log.info("drain: no queued intent left")
             self._stopping.set()
             return None
-        now = asyncio.get_running_loop().time()
-        probe_in = min((t - now for t in self._paused_until.values() if t > now),
-                       default=cfg.idle_max_s)  # a paused account's probe is due then
+        probe_in = self._probe_in(cfg.idle_max_s)  # a paused account's probe is due then
         due_in = await self.store.next_intent_due_in(cfg.accounts)
         if due_in is None:
             return min(cfg.idle_max_s, probe_in)
@@ -335,13 +330,10 @@ class Submitter(Runner):
                                               answer.status == 429)
         decision = decide_submit(intent, answer, self._clock(), cfg.policy, self._rng)
         if isinstance(decision, AuthPause):
-            delay = self._pause_for_auth(intent.account, decision)
-            await self._release(intent, delay)
+            self._key_refused(intent.account, decision, "submitting (intents stay queued)")
+            await self._release(intent, max(0.0, self._all_paused_for([intent.account])))
             return decision
-        if self._auth_failures.get(intent.account):
-            log.warning("Sume accepts the API key of account %r again; submitting resumes",
-                        intent.account)
-            self._auth_failures[intent.account] = 0
+        self._key_accepted(intent.account, "submitting")
         await self._record(decision, intent.account)
         return decision
 
@@ -398,17 +390,6 @@ class Submitter(Runner):
         # nothing was sent; if the database is down the lease ends and it is due again anyway
         with contextlib.suppress(DatabaseUnavailable):
             await self.store.release_intent(intent, delay_s)
-
-    def _pause_for_auth(self, account: str, pause: AuthPause) -> float:
-        loop = asyncio.get_running_loop()
-        if self._paused_until.get(account, 0.0) <= loop.time():
-            failures = self._auth_failures[account] = self._auth_failures.get(account, 0) + 1
-            delay = auth_pause_delay(failures, self.config.policy, self._rng)
-            self._paused_until[account] = loop.time() + delay
-            log.error("Sume rejected the API key of account %r on submit (%s); its submitting "
-                      "paused for %.0fs, intents stay queued. Check %s.", account, pause.detail,
-                      delay, key_variable(account))
-        return max(0.0, self._paused_until[account] - loop.time())
 
     def _pause_for_credits(self, account: str) -> None:
         # the next intents would most likely be refused too; each refusal is final, so pause

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from vidpoll.config import key_variable
 from vidpoll.errors import DatabaseUnavailable
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
@@ -37,7 +36,6 @@ from vidpoll.policy import (
     Budget,
     Grant,
     PollPolicy,
-    auth_pause_delay,
     backoff_delay,
     decide,
     decide_result,
@@ -168,9 +166,6 @@ class Worker(Runner):
         self._outbox: list[Outcome] = []
         self._outbox_ready = asyncio.Event()
         self._release: list[ClaimedJob] = []
-        # a refused key pauses its own account only: (401/403s in a row, paused until)
-        self._auth_failures: dict[str, int] = {}
-        self._paused_until: dict[str, float] = {}
         self._lanes = asyncio.Semaphore(max(1, config.lock_lanes))
         self._seen_words: set[str] = set()
         self._db_down_since: float | None = None
@@ -214,14 +209,13 @@ class Worker(Runner):
     # -- main loop --------------------------------------------------------------------------
     async def _main_loop(self) -> None:
         cfg = self.config
-        loop = asyncio.get_running_loop()
         db_failures = 0
         while not self._stopping.is_set():
             # cleared before every decision to sleep, so a wake-up that was already handled
             # cannot turn each later sleep into a spin
             self._wake.clear()
             self.stats.loop_turns += 1
-            paused_for = min(self._paused_until.get(a, 0.0) for a in cfg.accounts) - loop.time()
+            paused_for = self._all_paused_for(cfg.accounts)
             if paused_for > 0:  # every account's key was refused: nothing to do until a probe
                 await self._sleep(paused_for)
                 continue
@@ -265,11 +259,9 @@ class Worker(Runner):
             if self._budget_wait is not None:  # the budget, not the rows, ran out
                 return min(cfg.idle_max_s, max(BUSY_RETRY_S / 5, self._budget_wait))
             return 0.0 if self._inflight < cfg.concurrency else cfg.idle_max_s
-        now = asyncio.get_running_loop().time()
         # rows of an account whose key is refused wait for its probe, not for this loop
-        unpaused = [a for a in accounts if self._paused_until.get(a, 0.0) <= now]
-        probe_in = min((t - now for t in self._paused_until.values() if t > now),
-                       default=cfg.idle_max_s)
+        unpaused = self._unpaused(accounts)
+        probe_in = self._probe_in(cfg.idle_max_s)
         due_in = await self.store.next_due_in(unpaused) if unpaused else None
         if cfg.fetch_results and unpaused:
             result_in = await self.store.next_result_due_in(unpaused)
@@ -295,8 +287,7 @@ class Worker(Runner):
         refused (a refused key gets one probe read per pause)."""
         cfg = self.config
         self._budget_wait = None
-        now = asyncio.get_running_loop().time()
-        accounts = [a for a in cfg.accounts if self._paused_until.get(a, 0.0) <= now]
+        accounts = self._unpaused(cfg.accounts)
         self._turn += 1
         claimed = 0
         for i in range(len(accounts)):
@@ -414,13 +405,10 @@ class Worker(Runner):
                                error_class=ErrorClass.MALFORMED,
                                error=f"could not interpret the answer: {type(exc).__name__}")
         if isinstance(decision, AuthPause):
-            self._auth_paused(job.account, decision)
+            if self._key_refused(job.account, decision, "polling"):
+                self.stats.count_error(ErrorClass.AUTH)
             return None
-        if self._auth_failures.get(job.account):
-            log.warning("Sume accepts the API key of account %r again; polling resumes",
-                        job.account)
-            self._auth_failures[job.account] = 0
-            self._wake.set()
+        self._key_accepted(job.account, "polling")
         if decision.error_class is not None:
             self.stats.count_error(decision.error_class)
             log.debug("job %s read failed: %s (next try in %.1fs, request_id=%s)",
@@ -446,18 +434,6 @@ class Worker(Runner):
         seconds, refused = self._pauses.get(account, (0.0, False))
         self._pauses[account] = (max(pause, seconds), refused or answer.status == 429)
         self._outbox_ready.set()
-
-    def _auth_paused(self, account: str, pause: AuthPause) -> None:
-        loop = asyncio.get_running_loop()
-        if self._paused_until.get(account, 0.0) > loop.time():
-            return  # other reads of the same pause; logged once
-        failures = self._auth_failures[account] = self._auth_failures.get(account, 0) + 1
-        delay = auth_pause_delay(failures, self.config.policy, self._rng)
-        self._paused_until[account] = loop.time() + delay
-        self.stats.count_error(ErrorClass.AUTH)
-        log.error("Sume rejected the API key of account %r (HTTP %d: %s); its polling paused "
-                  "for %.0fs, rows untouched. Check %s.", account, pause.http_status,
-                  pause.detail, delay, key_variable(account))
 
     async def _read_leased(self, job: ClaimedJob) -> None:
         try:
