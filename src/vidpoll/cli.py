@@ -282,14 +282,19 @@ def fake_sume_cmd(host: str, port: int, api_key: str, latency_ms: float, **opts:
     async def go() -> None:
         runner, url = await start_fake(FakeSume(cfg), host, port)
         click.echo(f"fake Sume listening on {url}", err=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await _until_signalled()
         await runner.cleanup()
 
     asyncio.run(go())
+
+
+async def _until_signalled() -> None:
+    """Return on SIGTERM or SIGINT (the servers' way to stop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
 
 
 def _fake_opts(opts: dict[str, Any]) -> dict[str, Any]:
@@ -690,11 +695,7 @@ def serve_cmd(host: str, port: int) -> None:
                 make_app(store, settings.webhook_secret or None, settings.webhook_tolerance_s),
                 host, port)
             click.echo(f"vidpoll serving on {url}", err=True)
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
-            await stop.wait()
+            await _until_signalled()
             await runner.cleanup()
         finally:
             await store.close()
