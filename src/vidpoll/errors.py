@@ -7,7 +7,10 @@
     ├── InvalidJobId         a job id vidpoll cannot store (empty, too long, NUL)
     ├── InvalidIntent        an idempotency key or payload vidpoll cannot send or store
     ├── KeyConflict          an idempotency key already recorded with another payload
-    └── IntentRejected       Sume refused a submission for good (402, 422, ...)
+    ├── IntentRejected       Sume refused a submission for good (402, 422, ...)
+    └── DownloadError        a media download attempt failed (retried later)
+        ├── UrlExpired       the media host refused the link: fetch the result again
+        └── DiskError        the directory cannot take the file (full, read-only, ...)
 """
 
 from __future__ import annotations
@@ -50,3 +53,15 @@ class IntentRejected(VidpollError):
         self.key = key
         self.code = code
         self.message = message
+
+
+class DownloadError(VidpollError):
+    """A download attempt failed; the delivery is retried later (the `.part` file is kept)."""
+
+
+class UrlExpired(DownloadError):
+    """The media host refused the link (401/403/404/410): fetch the result again for a new one."""
+
+
+class DiskError(DownloadError):
+    """The directory cannot take the file (full, read-only, not a directory, no permission)."""

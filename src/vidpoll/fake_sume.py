@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import random
 import time
@@ -22,6 +23,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
@@ -81,6 +83,17 @@ class FakeConfig:
     webhook_url: str | None = None
     webhook_secret: str = ""
     webhook_delay_s: float = 0.0
+    # media (GET /media/...): what a CDN with signed, expiring links does
+    media_bytes: int = 256 * 1024
+    """Size of every job's video file (its bytes follow from the job id: see media_content)."""
+    media_url_ttl_s: float = 3600.0
+    """How long a result's signed media link works; then 403 "Request has expired"."""
+    media_expired_first: int = 0
+    """The first N links the fake hands out are already expired (a link that died early)."""
+    media_bytes_per_s: float | None = None
+    """Throttle media streaming (kill -9 mid-download tests)."""
+    media_ranges: bool = True
+    """Answer Range requests with 206 (a CDN that ignores them answers 200 with everything)."""
     seed: int | None = None
 
 
@@ -131,6 +144,12 @@ class FakeSume:
         self.create_times: list[float] = []
         self.read_log: list[tuple[float, str, int]] = []
         """(monotonic time, API key, HTTP status) of every authorized status read."""
+        self.results_served: Counter[str] = Counter()
+        """200 answers of GET .../result per job."""
+        self.media_links: dict[str, float] = {}
+        """Signature -> expiry (monotonic) of every media link handed out."""
+        self.media_log: list[tuple[str, int, str | None, str | None]] = []
+        """(job id, HTTP status, Range header, Authorization header) of every media GET."""
 
     # -- test helpers -------------------------------------------------------------------
     def add_job(self, job_id: str | None = None, *, outcome: str | None = None,
@@ -198,6 +217,7 @@ class FakeSume:
         app.router.add_post("/v1/videos", self.create)
         app.router.add_get("/v1/jobs/{job_id}/status", self.status)
         app.router.add_get("/v1/jobs/{job_id}/result", self.result)
+        app.router.add_get("/media/{job_id}/video.mp4", self.media)
         app.router.add_get("/_fake/stats", self.stats_view)
         app.router.add_post("/_fake/config", self.config_view)
         return app
@@ -469,9 +489,61 @@ class FakeSume:
         if self._status_of(job) != "completed":
             return self._error(409, "job_not_completed", "the job has not completed")
         self.answers[200] += 1
+        self.results_served[job.job_id] += 1
+        return web.json_response({"job_id": job.job_id,
+                                  "videos": [{"url": self._media_link(request, job.job_id)}]})
+
+    def _media_link(self, request: web.Request, job_id: str) -> str:
+        cfg = self.config
+        sig = uuid.uuid4().hex
+        born_expired = len(self.media_links) < cfg.media_expired_first
+        self.media_links[sig] = time.monotonic() + (-1.0 if born_expired
+                                                    else cfg.media_url_ttl_s)
         host = f"{request.scheme}://{request.host}"
-        return web.json_response({"job_id": job.job_id, "videos": [
-            {"url": f"{host}/media/{job.job_id}.mp4?sig={uuid.uuid4().hex}&expires=3600"}]})
+        return (f"{host}/media/{quote(job_id, safe='')}/video.mp4"
+                f"?sig={sig}&expires={cfg.media_url_ttl_s:.0f}")
+
+    @staticmethod
+    def media_content(job_id: str, size: int) -> bytes:
+        """The bytes of a job's video: a digest of its id, repeated (tests check sha256)."""
+        block = hashlib.sha256(job_id.encode("utf-8", "surrogatepass")).digest() * 64
+        return (block * (size // len(block) + 1))[:size]
+
+    async def media(self, request: web.Request) -> web.StreamResponse:
+        """GET /media/{id}/video.mp4?sig=...: the file, 403 once the link expired; Range
+        requests get 206 (unless media_ranges is off); throttled by media_bytes_per_s."""
+        cfg = self.config
+        job_id = request.match_info["job_id"]
+        range_header = request.headers.get("Range")
+        expiry = self.media_links.get(request.query.get("sig", ""))
+        if job_id not in self.jobs or expiry is None or expiry < time.monotonic():
+            self.media_log.append((job_id, 403, range_header,
+                                   request.headers.get("Authorization")))
+            return web.Response(status=403, text="<Error>Request has expired</Error>",
+                                content_type="application/xml")
+        data = self.media_content(job_id, cfg.media_bytes)
+        start, status = 0, 200
+        if range_header and cfg.media_ranges and range_header.startswith("bytes="):
+            first = range_header.removeprefix("bytes=").split("-", 1)[0]
+            if first.isdigit():
+                start, status = int(first), 206
+                if start >= len(data):
+                    self.media_log.append((job_id, 416, range_header, None))
+                    return web.Response(status=416)
+        self.media_log.append((job_id, status, range_header,
+                               request.headers.get("Authorization")))
+        resp = web.StreamResponse(status=status, headers={
+            "Content-Type": "video/mp4", "Content-Length": str(len(data) - start),
+            **({"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"}
+               if status == 206 else {})})
+        await resp.prepare(request)
+        chunk = 16 * 1024
+        for at in range(start, len(data), chunk):
+            await resp.write(data[at:at + chunk])
+            if cfg.media_bytes_per_s:
+                await asyncio.sleep(chunk / cfg.media_bytes_per_s)
+        await resp.write_eof()
+        return resp
 
     async def stats_view(self, request: web.Request) -> web.Response:
         """GET /_fake/stats: the counters as JSON."""

@@ -195,11 +195,65 @@ class Job:
     created_at: datetime
     finished_at: datetime | None
     idempotency_key: str | None
+    account: str = DEFAULT_ACCOUNT
+    result: dict[str, Any] | None = None
+    """Sume's answer to GET .../result once fetched (media URLs, signed: never log them)."""
+    result_state: str | None = None
+    """None (not completed), pending (to fetch), fetched or failed."""
+    files: tuple[MediaFile, ...] = ()
+    """The media files downloaded for it (workers with --download-dir)."""
 
     @property
     def is_final(self) -> bool:
         """True once the job is no longer polled."""
         return self.state != PENDING
+
+    @property
+    def result_settled(self) -> bool:
+        """True once a completed job's result was fetched or given up on (or none is due)."""
+        return self.is_final and self.result_state != PENDING
+
+
+@dataclass(frozen=True, slots=True)
+class MediaFile:
+    """One downloaded media file: written in full, fsynced, then renamed to `path`."""
+
+    path: str
+    size: int
+    sha256: str
+    url: str
+    """Where it came from, without the query string (signed URLs never leave memory)."""
+
+
+DOWNLOAD = "download"
+"""The consumer name of media downloads; hooks are named `hook:<module:function>`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedDelivery:
+    """One delivery (a download or a hook run) leased by a worker."""
+
+    job: Job
+    consumer: str
+    token: uuid.UUID
+    attempts: int
+    detail: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryOutcome:
+    """What to write for one delivery attempt: done, pending (retry after delay_s) or failed.
+
+    `refresh_result` re-queues the job's result fetch first (a media link expired)."""
+
+    job_id: str
+    consumer: str
+    token: uuid.UUID
+    state: str
+    delay_s: float = 0.0
+    error: str | None = None
+    detail: Any = None
+    refresh_result: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +281,8 @@ class WorkerStats:
     server_pauses: int = 0
     results_fetched: int = 0
     result_retries: int = 0
+    deliveries_done: int = 0
+    delivery_retries: int = 0
 
     def count_error(self, error_class: ErrorClass) -> None:
         """Add one to the counter of this error class."""

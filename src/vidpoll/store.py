@@ -17,14 +17,18 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from vidpoll.errors import DatabaseUnavailable, KeyConflict, SchemaError
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
+    DOWNLOAD,
     QUEUED,
     REJECTED,
     SUBMITTED,
+    ClaimedDelivery,
     ClaimedIntent,
     ClaimedJob,
     ClaimedResult,
+    DeliveryOutcome,
     Intent,
     Job,
+    MediaFile,
     Notice,
     Outcome,
     ResultOutcome,
@@ -91,6 +95,16 @@ def _job(row: dict[str, Any]) -> ClaimedJob:
                       due_at=row["due_at"], polling_since=row["polling_since"],
                       polls=row["polls"], consecutive_errors=row["consecutive_errors"],
                       not_found_count=row["not_found_count"], account=row["account"])
+
+
+def _job_view(row: dict[str, Any], state: str, files: Any) -> Job:
+    listed = files.get("files", []) if isinstance(files, dict) else []
+    return Job(job_id=row["job_id"], state=state, provider_status=row["provider_status"],
+               polls=row["polls"], created_at=row["created_at"],
+               finished_at=row["finished_at"], idempotency_key=row["idempotency_key"],
+               account=row["account"], result=row["result"], result_state=row["result_state"],
+               files=tuple(MediaFile(f["path"], f["size"], f["sha256"], f["url"])
+                           for f in listed))
 
 
 def _intent(row: dict[str, Any]) -> Intent:
@@ -375,14 +389,82 @@ class PgStore:
         return await self._one("get_job", {"job_id": job_id})
 
     async def job(self, job_id: str) -> Job | None:
-        """One tracked job, or None."""
+        """One tracked job (with its result and downloaded files), or None."""
         row = await self.get_job(job_id)
         if row is None:
             return None
-        return Job(job_id=row["job_id"], state=row["state"],
-                   provider_status=row["provider_status"], polls=row["polls"],
-                   created_at=row["created_at"], finished_at=row["finished_at"],
-                   idempotency_key=row["idempotency_key"])
+        files = None
+        for d in await self.job_deliveries(job_id):
+            if d["consumer"] == DOWNLOAD and d["state"] == "done":
+                files = d["detail"]
+        return _job_view(row, row["state"], files)
+
+    async def job_deliveries(self, job_id: str) -> list[dict[str, Any]]:
+        """One job's deliveries (downloads, hooks) with their state and last error."""
+        return await self._all("job_deliveries", {"job_id": job_id})
+
+    # -- deliveries -----------------------------------------------------------------------
+    async def register_consumer(self, name: str) -> bool:
+        """Deliveries are wanted for `name` from now on; True if it was not registered."""
+        row = await self._one("register_consumer", {"name": name})
+        return bool(row and row["new"])
+
+    async def claim_deliveries(self, consumer: str, limit: int, lease_s: float,
+                               now: datetime | None = None) -> list[ClaimedDelivery]:
+        """Lease up to `limit` claimable deliveries of `consumer` (committed at once)."""
+        rows = await self._all("claim_deliveries", {"consumer": consumer, "limit": limit,
+                                                    "lease_s": lease_s, "now": now})
+        return [ClaimedDelivery(_job_view(r, r["job_state"], r["files"]), r["consumer"],
+                                r["token"], r["attempts"], r["detail"]) for r in rows]
+
+    async def extend_delivery(self, claim: ClaimedDelivery, lease_s: float) -> bool:
+        """Push a running delivery's lease `lease_s` out; False if it is not ours any more."""
+        row = await self._one("extend_delivery", {
+            "job_id": claim.job.job_id, "consumer": claim.consumer, "token": claim.token,
+            "lease_s": lease_s})
+        return row is not None
+
+    async def record_delivery(self, outcome: DeliveryOutcome) -> bool:
+        """Write one delivery attempt's outcome, fenced on its token."""
+        row = await self._one("record_delivery", {
+            "job_id": outcome.job_id, "consumer": outcome.consumer, "token": outcome.token,
+            "state": outcome.state, "delay_s": outcome.delay_s, "error": outcome.error,
+            "detail": None if outcome.detail is None else Jsonb(outcome.detail),
+            "refresh_result": outcome.refresh_result})
+        return row is not None
+
+    async def next_delivery_due_in(self, consumers: Sequence[str]) -> float | None:
+        """Seconds until the next claimable delivery is due; None if none."""
+        row = await self._one("next_delivery_due_in", {"consumers": list(consumers)})
+        return None if row is None else cast(float | None, row["next_due_in_s"])
+
+    async def pending_deliveries(self, consumers: Sequence[str], within_s: float
+                                 ) -> tuple[int, int]:
+        """(deliveries not done, of which due within `within_s`)."""
+        row = await self._one("pending_deliveries", {"consumers": list(consumers),
+                                                     "within_s": within_s})
+        assert row is not None
+        return int(row["pending"]), int(row["due_soon"])
+
+    async def delivery_counts(self) -> list[dict[str, Any]]:
+        """Per registered consumer: pending, retrying, done, failed, oldest pending."""
+        return await self._all("delivery_counts", {})
+
+    async def failed_deliveries(self, consumer: str | None = None, limit: int = 20
+                                ) -> list[dict[str, Any]]:
+        """Failed and retrying deliveries with their last error, newest first."""
+        return await self._all("failed_deliveries", {"consumer": consumer, "limit": limit})
+
+    async def retry_deliveries(self, consumer: str | None = None, job_id: str | None = None
+                               ) -> list[dict[str, Any]]:
+        """Failed (or backing-off) deliveries due now with fresh tries; returns them."""
+        return await self._all("retry_deliveries", {"consumer": consumer, "job_id": job_id})
+
+    async def forget_consumer(self, name: str) -> tuple[int, int]:
+        """Unregister a consumer; (consumers removed, undone deliveries removed)."""
+        row = await self._one("forget_consumer", {"name": name})
+        assert row is not None
+        return int(row["consumers"]), int(row["dropped"])
 
     async def counts(self) -> dict[str, int]:
         """Rows per state."""

@@ -51,6 +51,8 @@ from vidpoll.runner import (
 
 log = logging.getLogger(__name__)
 
+RESULTS_TURN = 8
+"""Every this many claim turns, result fetches get their share first even if none were seen."""
 BUSY_RETRY_S = 0.25
 """Floor of the sleep when rows are due but all locked by others: never a hot loop."""
 
@@ -143,8 +145,9 @@ class WorkerConfig:
     """The accounts this worker polls (it has their keys); others' rows are left alone."""
     budgets: Mapping[str, Budget] = field(default_factory=dict)
     """Status-read budgets by account, shared by the fleet; an account without one is unlimited."""
-    fetch_results: bool = False
-    """Fetch each completed job's result (GET .../result), drawing on the same read budget."""
+    fetch_results: bool = True
+    """Fetch each completed job's result (GET .../result), drawing on the same read budget:
+    up to a quarter of a claim's tokens when results are due, and whatever is left over."""
 
 
 class Worker(Runner):
@@ -170,6 +173,7 @@ class Worker(Runner):
         self._seen_words: set[str] = set()
         self._db_down_since: float | None = None
         self._writer_may_exit = False
+        self._results_seen: dict[str, bool] = {}
 
     # -- control --------------------------------------------------------------------------
     def stop(self) -> None:
@@ -313,9 +317,13 @@ class Worker(Runner):
                 grant = await self.store.take_tokens(account, "status", want, budget)
                 granted = grant.granted
             n = 0
-            if granted and not self._stopping.is_set():
+            if (cfg.fetch_results and granted and not self._stopping.is_set()
+                    and (self._results_seen.get(account) or self._turn % RESULTS_TURN == 0)):
+                # a share first, so a status backlog that eats every token cannot starve them
+                n = await self._claim_results(account, max(1, granted // 4))
+            if granted > n and not self._stopping.is_set():
                 owns_lane, lane = lane, False  # from here the locked batch releases it
-                n = await self._claim_some(account, granted, owns_lane)
+                n += await self._claim_some(account, granted - n, owns_lane)
             if cfg.fetch_results and n < granted and not self._stopping.is_set():
                 # tokens left over: result fetches share the account's read budget
                 n += await self._claim_results(account, granted - n)
@@ -349,6 +357,7 @@ class Worker(Runner):
 
     async def _claim_results(self, account: str, limit: int) -> int:
         claims = await self.store.claim_results(limit, self.config.lease_s, account)
+        self._results_seen[account] = bool(claims)
         for claim in claims:
             self._inflight += 1
             self._spawn(self._fetch_result(claim))

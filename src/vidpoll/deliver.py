@@ -1,0 +1,365 @@
+"""Deliveries: what runs after a job's terminal state is committed, at least once.
+
+Two kinds of consumer, each tracked per job in `vidpoll_deliveries` (queued by a trigger in the
+same transaction as the terminal transition, so no crash can skip one):
+
+- `download`: a completed job's media files into `--download-dir` (vidpoll.download);
+- `hook:<module:function>`: a user function called with the finished `Job` (its result, and
+  its files when downloads are on, since hooks wait for the download).
+
+Each delivery is leased (the lease is the schedule) and extended while it runs, so a crash
+makes it due again and a long download is never taken over; every write is fenced on the
+lease's token. Failures retry with backoff up to MAX_DELIVERY_ATTEMPTS, then the delivery is
+marked failed (kept, shown by `vidpoll deliveries`, re-queued by `vidpoll deliveries retry`).
+Deliveries run in their own tasks with their own limit: a slow hook never stalls polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import logging
+import os
+import random
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from vidpoll.errors import ConfigError, DatabaseUnavailable, DiskError, DownloadError, UrlExpired
+from vidpoll.media import MAX_MEDIA_URLS, media_urls, redact_urls
+from vidpoll.models import (
+    COMPLETED,
+    DOWNLOAD,
+    ClaimedDelivery,
+    DeliveryOutcome,
+    Job,
+    MediaFile,
+    Notice,
+    WorkerStats,
+)
+from vidpoll.policy import PollPolicy, backoff_delay
+from vidpoll.runner import DB_BACKOFF_MAX_S, IDLE_MAX_S, Runner, default_worker_id, utc_now
+
+log = logging.getLogger(__name__)
+
+Hook = Callable[[Job], Awaitable[None] | None]
+"""A completion hook: called with the finished job; may be sync (run in a thread) or async."""
+
+MAX_DELIVERY_ATTEMPTS = 20
+"""Tries before a delivery is marked failed (about half a day of backoff); kept and retryable."""
+DELIVERY_BACKOFF_MAX_S = 3600.0
+EXPIRED_LINK_RETRY_S = 1.0
+"""After an expired media link, the retry waits for the fresh result, then this long."""
+MAX_ERROR_TEXT = 500
+
+
+def hook_consumer(name: str) -> str:
+    """The consumer name of a hook."""
+    return f"hook:{name}"
+
+
+def hook_name(fn: Callable[..., Any]) -> str:
+    """`module:qualname` of a function: the default name its deliveries are tracked under."""
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def load_hook(spec: str) -> Hook:
+    """Import `module:function` (from the current directory too, as uvicorn does)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"--on-terminal wants module:function, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r} for --on-terminal: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as exc:
+            raise ConfigError(f"{module_name!r} has no {attr!r} for --on-terminal") from exc
+    if not callable(obj):
+        raise ConfigError(f"{spec!r} is not callable")
+    hook: Hook = obj
+    return hook
+
+
+class DeliveryStore(Protocol):
+    """What deliveries need from the database."""
+
+    async def register_consumer(self, name: str) -> bool:
+        """Record that deliveries are wanted for `name`; True if it is new."""
+
+    async def claim_deliveries(self, consumer: str, limit: int, lease_s: float
+                               ) -> list[ClaimedDelivery]:
+        """Lease up to `limit` due deliveries of one consumer."""
+
+    async def extend_delivery(self, claim: ClaimedDelivery, lease_s: float) -> bool:
+        """Push a running delivery's lease out; False if it is no longer ours."""
+
+    async def record_delivery(self, outcome: DeliveryOutcome) -> bool:
+        """Write one attempt's outcome, fenced."""
+
+    async def next_delivery_due_in(self, consumers: Sequence[str]) -> float | None:
+        """Seconds until the next claimable delivery; None if none is pending."""
+
+    async def pending_deliveries(self, consumers: Sequence[str], within_s: float
+                                 ) -> tuple[int, int]:
+        """(pending, due within `within_s`) for a drain."""
+
+    def notifications(self, channels: Sequence[str] = ...) -> AsyncIterator[Notice]:
+        """One item once listening, then one per NOTIFY."""
+
+
+class MediaDownloader(Protocol):
+    """What downloads need from the file side (vidpoll.download.Downloader)."""
+
+    async def download(self, job_id: str, urls: list[str]) -> list[MediaFile]:
+        """Download every URL of one job; raises DownloadError subclasses."""
+
+    def check_directory(self) -> None:
+        """Raise if the directory cannot take files."""
+
+
+@dataclass(frozen=True)
+class DeliveryConfig:
+    """How one process runs deliveries."""
+
+    hooks: Mapping[str, Hook] = field(default_factory=dict)
+    """Hooks by name (their deliveries are tracked as `hook:<name>`)."""
+    concurrency: int = 4
+    """Deliveries run at once, per consumer."""
+    hook_timeout_s: float = 300.0
+    lease_s: float = 60.0
+    """Each lease is extended every third of this while the delivery runs."""
+    drain: bool = False
+    listen: bool = True
+    idle_max_s: float = IDLE_MAX_S
+    policy: PollPolicy = field(default_factory=PollPolicy)
+    worker_id: str = field(default_factory=default_worker_id)
+    channels: tuple[str, ...] = ("vidpoll_job_done",)
+
+
+class Deliverer(Runner):
+    """Runs downloads and hooks for finished jobs, beside (never inside) the polling loop."""
+
+    def __init__(self, store: DeliveryStore, config: DeliveryConfig,
+                 downloader: MediaDownloader | None = None, rng: random.Random | None = None,
+                 clock: Callable[[], datetime] = utc_now) -> None:
+        super().__init__(config.policy, rng, clock)
+        self.store = store
+        self.config = config
+        self.downloader = downloader
+        self.stats = WorkerStats()
+        self.producers_done = asyncio.Event()
+        """Set when no poller in this process can finish more jobs (ends a drain)."""
+        self.consumers = ([DOWNLOAD] if downloader is not None else []) + [
+            hook_consumer(n) for n in config.hooks]
+        self._running: dict[str, int] = dict.fromkeys(self.consumers, 0)
+        if not self.consumers:
+            raise ConfigError("a Deliverer needs a hook or a download directory")
+
+    def _notifications(self) -> AsyncIterator[Notice]:
+        return self.store.notifications(self.config.channels)
+
+    async def run(self) -> None:
+        """Deliver until stop() (or, with drain, until nothing is left to deliver now)."""
+        cfg = self.config
+        if self.downloader is not None:
+            self.downloader.check_directory()  # an unwritable directory fails at start, loudly
+        for consumer in self.consumers:
+            if await self.store.register_consumer(consumer):
+                log.info("deliveries for %s start now: every job that ends from here on gets "
+                         "one", consumer)
+        listener = (asyncio.create_task(self._listener(), name="vidpoll-delivery-listener")
+                    if cfg.listen else None)
+        try:
+            await self._loop()
+        finally:
+            self._stopping.set()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            if listener is not None:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
+            await self.signals.pulse()
+
+    async def _loop(self) -> None:
+        cfg = self.config
+        db_failures = 0
+        while not self._stopping.is_set():
+            self._wake.clear()
+            try:
+                claimed = await self._claim()
+                db_failures = 0
+                delay = await self._idle_delay(claimed)
+                if delay is None:
+                    return
+            except DatabaseUnavailable as exc:
+                db_failures += 1
+                log.warning("deliveries: database unavailable (%s); retrying", exc)
+                delay = backoff_delay(db_failures, cfg.policy, self._rng, DB_BACKOFF_MAX_S)
+            self.idle = self._inflight == 0
+            await self.signals.pulse()
+            await self._sleep(delay)
+
+    async def _claim(self) -> int:
+        claimed = 0
+        for consumer in self.consumers:
+            free = self.config.concurrency - self._running[consumer]
+            if free <= 0 or self._stopping.is_set():
+                continue
+            lease_s = self._lease_s(consumer)
+            for claim in await self.store.claim_deliveries(consumer, free, lease_s):
+                claimed += 1
+                self._running[consumer] += 1
+                self._inflight += 1
+                self._spawn(self._deliver(claim))
+        return claimed
+
+    def _lease_s(self, consumer: str) -> float:
+        return self.config.lease_s
+
+    async def _idle_delay(self, claimed: int) -> float | None:
+        cfg = self.config
+        if claimed and any(self._running[c] < cfg.concurrency for c in self.consumers):
+            return 0.0  # more may be due
+        due_in = await self.store.next_delivery_due_in(self.consumers)
+        if cfg.drain and self.producers_done.is_set() and self._inflight == 0 and not claimed:
+            pending, due_soon = await self.store.pending_deliveries(self.consumers,
+                                                                    cfg.idle_max_s)
+            if due_in is None or due_in > cfg.idle_max_s:
+                if pending:
+                    log.warning("drain: %d deliveries left for a running worker (%d due within "
+                                "%gs but waiting for a result)", pending, due_soon,
+                                cfg.idle_max_s)
+                self._stopping.set()
+                return None
+        if due_in is None:
+            return cfg.idle_max_s
+        # due deliveries while all slots are busy: a finishing one wakes the loop
+        return min(cfg.idle_max_s, max(due_in + 0.005, 0.0 if claimed else 0.05))
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- one delivery -----------------------------------------------------------------------
+    async def _deliver(self, claim: ClaimedDelivery) -> None:
+        keeper = asyncio.create_task(self._keep_lease(claim))
+        try:
+            outcome = await self._attempt(claim)
+            if outcome is None:
+                return
+            if not await self.store.record_delivery(outcome):
+                log.warning("job %s: %s outcome dropped, another worker owns it now",
+                            claim.job.job_id, claim.consumer)
+            elif outcome.state == "done":
+                self.stats.deliveries_done += 1
+            else:
+                self.stats.delivery_retries += outcome.state == "pending"
+        except DatabaseUnavailable as exc:
+            log.warning("job %s: could not record %s (%s); it is due again when its lease "
+                        "ends", claim.job.job_id, claim.consumer, exc)
+        except Exception:
+            log.exception("job %s: unexpected error in %s; retried when its lease ends",
+                          claim.job.job_id, claim.consumer)
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+            self._running[claim.consumer] -= 1
+            self._inflight -= 1
+            self._wake.set()
+            await self.signals.pulse()
+
+    async def _keep_lease(self, claim: ClaimedDelivery) -> None:
+        """Extend the lease while the delivery runs; if it was lost, say so (the attempt's
+        outcome will be fenced out)."""
+        lease_s = self._lease_s(claim.consumer)
+        while True:
+            await asyncio.sleep(lease_s / 3)
+            try:
+                if not await self.store.extend_delivery(claim, lease_s):
+                    log.warning("job %s: lost the lease of %s", claim.job.job_id,
+                                claim.consumer)
+                    return
+            except DatabaseUnavailable:
+                continue  # the lease may lapse; the fence keeps a second owner's write apart
+
+    async def _attempt(self, claim: ClaimedDelivery) -> DeliveryOutcome | None:
+        if claim.consumer == DOWNLOAD:
+            return await self._download(claim)
+        name = claim.consumer.removeprefix("hook:")
+        hook = self.config.hooks[name]
+        job = claim.job
+        try:
+            async with asyncio.timeout(self.config.hook_timeout_s):
+                if inspect.iscoroutinefunction(hook):
+                    await hook(job)
+                else:
+                    returned = await asyncio.to_thread(hook, job)
+                    if inspect.isawaitable(returned):
+                        await returned
+        except TimeoutError:
+            return self._retry(claim, f"the hook ran longer than {self.config.hook_timeout_s:g}s")
+        except Exception as exc:
+            log.warning("job %s: hook %s raised %s (try %d)", job.job_id, name,
+                        type(exc).__name__, claim.attempts, exc_info=True)
+            return self._retry(claim, f"{type(exc).__name__}: {exc}")
+        log.info("job %s: hook %s done (%s)", job.job_id, name, job.state)
+        return DeliveryOutcome(job.job_id, claim.consumer, claim.token, "done")
+
+    async def _download(self, claim: ClaimedDelivery) -> DeliveryOutcome:
+        job = claim.job
+        assert self.downloader is not None
+        if job.state != COMPLETED or job.result is None:
+            why = ("its result could not be fetched" if job.result_state == "failed"
+                   else "it has no result")
+            return DeliveryOutcome(job.job_id, claim.consumer, claim.token, "failed",
+                                   error=f"nothing to download: {why}")
+        urls = media_urls(job.result)
+        if len(urls) > MAX_MEDIA_URLS:
+            return DeliveryOutcome(job.job_id, claim.consumer, claim.token, "failed",
+                                   error=f"the result lists {len(urls)} media URLs "
+                                         f"(more than {MAX_MEDIA_URLS})")
+        if not urls:
+            log.warning("job %s: its result carries no media URL; nothing downloaded",
+                        job.job_id)
+        try:
+            files = await self.downloader.download(job.job_id, urls)
+        except UrlExpired as exc:
+            log.info("job %s: %s; fetching the result again for a fresh link", job.job_id, exc)
+            return self._retry(claim, str(exc), refresh_result=True,
+                               delay_s=EXPIRED_LINK_RETRY_S)
+        except DiskError as exc:
+            log.error("job %s: %s; the download is kept pending and retried", job.job_id, exc)
+            return self._retry(claim, str(exc))
+        except DownloadError as exc:
+            return self._retry(claim, str(exc))
+        log.info("job %s: downloaded %d file(s), %d bytes", job.job_id, len(files),
+                 sum(f.size for f in files))
+        detail = {"files": [{"path": f.path, "size": f.size, "sha256": f.sha256,
+                             "url": f.url} for f in files]}
+        return DeliveryOutcome(job.job_id, claim.consumer, claim.token, "done", detail=detail)
+
+    def _retry(self, claim: ClaimedDelivery, error: str, *, refresh_result: bool = False,
+               delay_s: float | None = None) -> DeliveryOutcome:
+        error = redact_urls(error)[:MAX_ERROR_TEXT]
+        job_id = claim.job.job_id
+        if claim.attempts >= MAX_DELIVERY_ATTEMPTS:
+            log.error("job %s: %s failed %d times, given up (vidpoll deliveries retry): %s",
+                      job_id, claim.consumer, claim.attempts, error)
+            return DeliveryOutcome(job_id, claim.consumer, claim.token, "failed",
+                                   error=f"gave up after {claim.attempts} tries: {error}")
+        delay = delay_s if delay_s is not None else backoff_delay(
+            claim.attempts, self.config.policy, self._rng, DELIVERY_BACKOFF_MAX_S)
+        return DeliveryOutcome(job_id, claim.consumer, claim.token, "pending", delay,
+                               error=error, refresh_result=refresh_result)

@@ -1,0 +1,60 @@
+-- Deliveries: what happens to a job after its terminal state, at least once, tracked here.
+--
+-- A consumer is `download` (media files to a directory) or `hook:<module:function>` (a user
+-- function). A worker that runs one registers it; from then on every terminal transition adds
+-- one delivery per registered consumer, in the same transaction as the transition (a trigger,
+-- so no code path and no crash can skip it). Deliveries are leased and fenced like status
+-- reads: the lease is the schedule, a crash makes the delivery due again.
+CREATE TABLE IF NOT EXISTS vidpoll_consumers (
+  name          text PRIMARY KEY,
+  registered_at timestamptz NOT NULL DEFAULT now(),
+  last_seen_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS vidpoll_deliveries (
+  job_id     text NOT NULL,
+  consumer   text NOT NULL,
+  state      text NOT NULL DEFAULT 'pending',   -- pending | done | failed
+  next_at    timestamptz NOT NULL DEFAULT now(),
+  token      uuid,
+  attempts   integer NOT NULL DEFAULT 0,
+  last_error text,
+  detail     jsonb,                              -- download: the files written
+  created_at timestamptz NOT NULL DEFAULT now(),
+  done_at    timestamptz,
+  PRIMARY KEY (job_id, consumer)
+) WITH (fillfactor = 80);  -- every attempt rewrites the row: leave room for HOT updates
+
+CREATE INDEX IF NOT EXISTS vidpoll_deliveries_due_idx
+  ON vidpoll_deliveries (consumer, next_at) WHERE state = 'pending';
+
+CREATE OR REPLACE FUNCTION vidpoll_queue_deliveries() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  -- downloads only for completed jobs; hooks for every terminal state
+  INSERT INTO vidpoll_deliveries (job_id, consumer)
+  SELECT NEW.job_id, c.name FROM vidpoll_consumers c
+  WHERE c.name <> 'download' OR NEW.state = 'completed'
+  -- a job that ends again (resumed after giving up) is delivered again, with its new state
+  ON CONFLICT (job_id, consumer) DO UPDATE
+    SET state = 'pending', next_at = now(), token = NULL, attempts = 0, last_error = NULL,
+        done_at = NULL;
+  RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS vidpoll_jobs_deliveries ON video_jobs;
+CREATE TRIGGER vidpoll_jobs_deliveries
+  AFTER UPDATE OF state ON video_jobs
+  FOR EACH ROW
+  WHEN (OLD.state = 'pending' AND NEW.state <> 'pending')
+  EXECUTE FUNCTION vidpoll_queue_deliveries();
+
+-- A result recorded (or given up on) unblocks the job's deliveries and wait(with_result=True):
+-- the same channel as "job done", with the job id.
+DROP TRIGGER IF EXISTS vidpoll_jobs_result_done ON video_jobs;
+CREATE TRIGGER vidpoll_jobs_result_done
+  AFTER UPDATE OF result_state ON video_jobs
+  FOR EACH ROW
+  WHEN (OLD.result_state = 'pending' AND NEW.result_state IS DISTINCT FROM 'pending')
+  EXECUTE FUNCTION vidpoll_notify_job_done();
