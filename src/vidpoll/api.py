@@ -1,9 +1,13 @@
-"""The Python API: record a submission, send it once right away, wait for its job to end.
+"""The Python API: record a submission, send it once right away, wait for its job to end,
+and run completion hooks and downloads in the application's own process.
 
     async with await Vidpoll.open() as vp:              # DATABASE_URL, SUME_* from the env
         sub = await vp.submit({"prompt": "a lighthouse at dawn"})
-        job = await vp.wait(key=sub.key, timeout=900)   # needs a running `vidpoll worker`
-        print(job.state)
+        job = await vp.wait(key=sub.key, timeout=900, with_result=True)  # a worker polls
+        print(job.state, job.result)
+
+    async with vp.deliveries(on_terminal=publish, download_dir="videos"):
+        ...  # publish(job) runs once per job that ends, at least once, with job.files
 
 The intent is committed before any POST; whatever happens next (timeout, crash, 5xx), a
 running `vidpoll worker` sends it again with the same Idempotency-Key, never a second clip.
@@ -13,12 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 from vidpoll.config import Settings
+from vidpoll.deliver import Deliverer, DeliveryConfig, Hook, hook_name
+from vidpoll.download import Downloader
 from vidpoll.embedded import resolve_database_url
 from vidpoll.errors import ConfigError, IntentRejected
 from vidpoll.models import DEFAULT_ACCOUNT, QUEUED, REJECTED, Intent, Job, SubmitOutcome
@@ -192,9 +200,45 @@ class Vidpoll:
         """A tracked job by id."""
         return await self.store.job(job_id)
 
+    @contextlib.asynccontextmanager
+    async def deliveries(self, on_terminal: Hook | Mapping[str, Hook] | None = None, *,
+                         download_dir: str | os.PathLike[str] | None = None,
+                         concurrency: int = 4, hook_timeout_s: float = 300.0,
+                         drain: bool = False) -> AsyncIterator[Deliverer]:
+        """Run completion hooks (and downloads) in this process while the block runs.
+
+        `on_terminal(job)` is called for every job that ends from the first start on, after
+        its result is fetched and its files are downloaded, at least once: tracked in the
+        database, retried with backoff, re-run after a crash. A sync hook runs in a thread.
+        Its deliveries are tracked under `module:qualname` (or the keys of a mapping), so
+        keep that name stable. With `drain`, `await d.drained()` waits until nothing is due.
+        """
+        hooks: Mapping[str, Hook] = ({} if on_terminal is None else
+                                     on_terminal if isinstance(on_terminal, Mapping) else
+                                     {hook_name(on_terminal): on_terminal})
+        config = DeliveryConfig(hooks=hooks, concurrency=concurrency,
+                                hook_timeout_s=hook_timeout_s, drain=drain,
+                                policy=self.settings.policy)
+        async with contextlib.AsyncExitStack() as stack:
+            downloader = None
+            if download_dir is not None:
+                downloader = await stack.enter_async_context(
+                    Downloader(download_dir, max_connections=concurrency))
+            deliverer = Deliverer(self.store, config, downloader)
+            deliverer.producers_done.set()  # the pollers run elsewhere
+            task = asyncio.create_task(deliverer.run())
+            deliverer.task = task
+            try:
+                yield deliverer
+            finally:
+                deliverer.stop()
+                await task
+
     async def wait(self, job_id: str | None = None, *, key: str | None = None,
-                   timeout: float | None = None) -> Job:  # noqa: ASYNC109 (the documented API)
-        """Block until the job (given by id, or by the key that submits it) is final.
+                   timeout: float | None = None,  # noqa: ASYNC109 (the documented API)
+                   with_result: bool = False) -> Job:
+        """Block until the job (given by id, or by the key that submits it) is final; with
+        `with_result`, also until a completed job's result is fetched (job.result).
 
         Listens for NOTIFY and re-reads the row at least every 5 s, so a missed notification
         costs seconds, never a hang. Raises TimeoutError after `timeout` seconds,
@@ -236,7 +280,7 @@ class Vidpoll:
                         self.wait_reads += 1
                         if job is None:
                             raise LookupError(f"no job {job_id!r}")
-                        if job.is_final:
+                        if job.result_settled if with_result else job.is_final:
                             return job
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(woken.wait(), WAIT_FALLBACK_S)

@@ -19,10 +19,13 @@ import click
 from vidpoll.api import Submission, Vidpoll
 from vidpoll.bulk import BadLine, KeyDeriver, parse_param
 from vidpoll.config import DEFAULT_LEASE_MARGIN_S, Settings
+from vidpoll.deliver import Deliverer, DeliveryConfig, load_hook
+from vidpoll.download import Downloader
 from vidpoll.embedded import resolve_database_url
 from vidpoll.errors import (
     ConfigError,
     DatabaseUnavailable,
+    DiskError,
     IntentRejected,
     InvalidIntent,
     InvalidJobId,
@@ -31,6 +34,7 @@ from vidpoll.errors import (
     VidpollError,
 )
 from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
+from vidpoll.media import without_signatures
 from vidpoll.models import COMPLETED, ClaimMode, Intent
 from vidpoll.runner import default_worker_id
 from vidpoll.store import PgStore, migrate
@@ -148,20 +152,39 @@ def migrate_cmd() -> None:
 @click.option("--rate-burst", type=click.FloatRange(min=1),
               help="Tokens a bucket may hold [default: VIDPOLL_RATE_BURST, else two seconds "
                    "of the rate, at least 1].")
-@click.option("--fetch-results", is_flag=True,
+@click.option("--fetch-results/--no-fetch-results", default=True, show_default=True,
               help="GET each completed job's result and store it with the job (shares the "
                    "read budget).")
+@click.option("--on-terminal", "hook_specs", multiple=True, metavar="MODULE:FUNCTION",
+              help="Call this function with each job that ends (after its result and files), "
+                   "at least once, retried with backoff. Repeatable.")
+@click.option("--download-dir", type=click.Path(file_okay=False, writable=True),
+              help="Download each completed job's media here (temp file, fsync, rename; "
+                   "resumed after a crash; expired links refreshed).")
+@click.option("--hook-timeout", default=300.0, show_default=True,
+              type=click.FloatRange(0.1, 86_400), help="Seconds a hook may run per try.")
+@click.option("--delivery-concurrency", default=4, show_default=True,
+              type=click.IntRange(1, 1000), help="Downloads (and runs of each hook) at once.")
 def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                batch_size: int, lease_seconds: float | None, db_connections: int,
                poll_only: bool, submit_only: bool, max_active: int | None,
                submit_concurrency: int, accounts: tuple[str, ...],
                status_rate_per_min: float | None, submit_rate_per_min: float | None,
-               rate_burst: float | None, fetch_results: bool) -> None:
+               rate_burst: float | None, fetch_results: bool, hook_specs: tuple[str, ...],
+               download_dir: str | None, hook_timeout: float,
+               delivery_concurrency: int) -> None:
     """Poll due jobs and send queued intents until stopped (SIGTERM/SIGINT finish what is in
     flight, then exit 0)."""
     if poll_only and submit_only:
         raise click.UsageError("--poll-only and --submit-only exclude each other")
     settings = _settings()
+    try:
+        hooks = {spec: load_hook(spec) for spec in hook_specs}
+        if download_dir is not None:
+            Downloader(download_dir).check_directory()
+    except (ConfigError, DiskError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     settings = dataclasses.replace(
         settings,
         status_rates=_override(settings.status_rates, status_rate_per_min, settings),
@@ -208,10 +231,30 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                     parts.append(Worker(store, clients, poll_config))
                 if submit_config is not None:
                     parts.append(Submitter(store, clients, submit_config))
+                deliverer = None
+                if hooks or download_dir is not None:
+                    downloader = None
+                    if download_dir is not None:
+                        downloader = await stack.enter_async_context(Downloader(
+                            download_dir, max_connections=delivery_concurrency))
+                    deliverer = Deliverer(store, DeliveryConfig(
+                        hooks=hooks, concurrency=delivery_concurrency,
+                        hook_timeout_s=hook_timeout, lease_s=lease_s, drain=drain,
+                        listen=not no_listen,
+                        policy=settings.policy, worker_id=worker_id), downloader)
                 loop = asyncio.get_running_loop()
+                runners: list[Worker | Submitter | Deliverer] = [*parts]
+                if deliverer is not None:
+                    runners.append(deliverer)
                 for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.add_signal_handler(sig, lambda: [p.stop() for p in parts])
-                await asyncio.gather(*(p.run() for p in parts))
+                    loop.add_signal_handler(sig, lambda: [r.stop() for r in runners])
+
+                async def produce() -> None:
+                    await asyncio.gather(*(p.run() for p in parts))
+                    if deliverer is not None:
+                        deliverer.producers_done.set()
+
+                await asyncio.gather(produce(), *([deliverer.run()] if deliverer else []))
         finally:
             await store.close()
 
@@ -345,8 +388,11 @@ def jobs_show(job_id: str) -> None:
         if row is None:
             return None
         intent = await store.intent_of_job(job_id)
-        return {**row, "intent": None if intent is None else _intent_dict(intent),
-                "history": await store.job_history(job_id)}
+        # stored results keep their signed links; nothing shown does
+        return {**without_signatures(row),
+                "intent": None if intent is None else _intent_dict(intent),
+                "history": await store.job_history(job_id),
+                "deliveries": without_signatures(await store.job_deliveries(job_id))}
 
     shown = _on_store(collect)
     if shown is None:
@@ -408,6 +454,60 @@ def jobs_stats(as_json: bool) -> None:
         paused = f", paused {b['paused_s']:.1f}s more" if b["paused_s"] > 0 else ""
         click.echo(f"  budget {b['account']}/{b['kind']}: {rate}{tokens}{paused}; "
                    f"{b['server_pauses']} server pauses")
+
+
+@main.group("deliveries")
+def deliveries() -> None:
+    """Downloads and completion hooks: what is pending, what failed and why."""
+
+
+@deliveries.command("list")
+@click.option("--consumer", help="Only this consumer (download, hook:module:function).")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True)
+def deliveries_list(consumer: str | None, limit: int, as_json: bool) -> None:
+    """Counts per consumer, then the failed and retrying deliveries with their last error."""
+
+    async def collect(store: PgStore) -> dict[str, Any]:
+        return {"consumers": await store.delivery_counts(),
+                "problems": await store.failed_deliveries(consumer, limit)}
+
+    shown = _on_store(collect)
+    if as_json:
+        click.echo(json.dumps(shown, default=_json_default))
+        return
+    if not shown["consumers"]:
+        click.echo("no consumer registered (start a worker with --on-terminal or "
+                   "--download-dir)")
+    for c in shown["consumers"]:
+        oldest = c["oldest_pending"]
+        click.echo(f"{c['consumer']}: {c['pending']} pending ({c['retrying']} retrying), "
+                   f"{c['done']} done, {c['failed']} failed"
+                   + (f"; oldest pending since {oldest:%Y-%m-%d %H:%M:%S}" if oldest else ""))
+    for d in shown["problems"]:
+        click.echo(f"  {d['job_id']} {d['consumer']} {d['state']} after {d['attempts']} "
+                   f"tries: {d['last_error']}")
+
+
+@deliveries.command("retry")
+@click.option("--consumer", help="Only this consumer.")
+@click.option("--job", "job_id", help="Only this job.")
+def deliveries_retry(consumer: str | None, job_id: str | None) -> None:
+    """Make failed (and backing-off) deliveries due now, with their tries reset."""
+    rows = _on_store(lambda store: store.retry_deliveries(consumer, job_id))
+    click.echo(f"{len(rows)} deliveries due again")
+
+
+@deliveries.command("forget")
+@click.argument("consumer")
+def deliveries_forget(consumer: str) -> None:
+    """Unregister a consumer (a hook that no longer exists): jobs that end from now on get no
+    delivery for it, and its undone deliveries are removed (done ones stay)."""
+    gone, dropped = _on_store(lambda store: store.forget_consumer(consumer))
+    if not gone:
+        click.echo(f"error: no consumer {consumer!r} (see `vidpoll deliveries list`)", err=True)
+        sys.exit(1)
+    click.echo(f"forgot {consumer}; removed {dropped} undone deliveries")
 
 
 def _json_default(value: Any) -> Any:

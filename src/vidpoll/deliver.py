@@ -135,8 +135,10 @@ class DeliveryConfig:
     concurrency: int = 4
     """Deliveries run at once, per consumer."""
     hook_timeout_s: float = 300.0
-    lease_s: float = 60.0
-    """Each lease is extended every third of this while the delivery runs."""
+    lease_s: float = 30.0
+    """Each lease is extended every third of this while the delivery runs; after a crash the
+    delivery is due again within it."""
+    max_attempts: int = MAX_DELIVERY_ATTEMPTS
     drain: bool = False
     listen: bool = True
     idle_max_s: float = IDLE_MAX_S
@@ -158,6 +160,8 @@ class Deliverer(Runner):
         self.stats = WorkerStats()
         self.producers_done = asyncio.Event()
         """Set when no poller in this process can finish more jobs (ends a drain)."""
+        self.task: asyncio.Task[None] | None = None
+        """The task running run(), when the API started it."""
         self.consumers = ([DOWNLOAD] if downloader is not None else []) + [
             hook_consumer(n) for n in config.hooks]
         self._running: dict[str, int] = dict.fromkeys(self.consumers, 0)
@@ -166,6 +170,12 @@ class Deliverer(Runner):
 
     def _notifications(self) -> AsyncIterator[Notice]:
         return self.store.notifications(self.config.channels)
+
+    async def drained(self) -> None:
+        """Wait until run() returned (with drain: nothing left to deliver now); re-raises
+        what ended it (an unwritable download directory, say)."""
+        assert self.task is not None, "started by Vidpoll.deliveries()"
+        await asyncio.shield(self.task)
 
     async def run(self) -> None:
         """Deliver until stop() (or, with drain, until nothing is left to deliver now)."""
@@ -215,16 +225,13 @@ class Deliverer(Runner):
             free = self.config.concurrency - self._running[consumer]
             if free <= 0 or self._stopping.is_set():
                 continue
-            lease_s = self._lease_s(consumer)
-            for claim in await self.store.claim_deliveries(consumer, free, lease_s):
+            for claim in await self.store.claim_deliveries(consumer, free,
+                                                           self.config.lease_s):
                 claimed += 1
                 self._running[consumer] += 1
                 self._inflight += 1
                 self._spawn(self._deliver(claim))
         return claimed
-
-    def _lease_s(self, consumer: str) -> float:
-        return self.config.lease_s
 
     async def _idle_delay(self, claimed: int) -> float | None:
         cfg = self.config
@@ -263,8 +270,10 @@ class Deliverer(Runner):
                             claim.job.job_id, claim.consumer)
             elif outcome.state == "done":
                 self.stats.deliveries_done += 1
+            elif outcome.state == "failed":
+                self.stats.deliveries_failed += 1
             else:
-                self.stats.delivery_retries += outcome.state == "pending"
+                self.stats.delivery_retries += 1
         except DatabaseUnavailable as exc:
             log.warning("job %s: could not record %s (%s); it is due again when its lease "
                         "ends", claim.job.job_id, claim.consumer, exc)
@@ -283,7 +292,7 @@ class Deliverer(Runner):
     async def _keep_lease(self, claim: ClaimedDelivery) -> None:
         """Extend the lease while the delivery runs; if it was lost, say so (the attempt's
         outcome will be fenced out)."""
-        lease_s = self._lease_s(claim.consumer)
+        lease_s = self.config.lease_s
         while True:
             await asyncio.sleep(lease_s / 3)
             try:
@@ -354,7 +363,7 @@ class Deliverer(Runner):
                delay_s: float | None = None) -> DeliveryOutcome:
         error = redact_urls(error)[:MAX_ERROR_TEXT]
         job_id = claim.job.job_id
-        if claim.attempts >= MAX_DELIVERY_ATTEMPTS:
+        if claim.attempts >= self.config.max_attempts:
             log.error("job %s: %s failed %d times, given up (vidpoll deliveries retry): %s",
                       job_id, claim.consumer, claim.attempts, error)
             return DeliveryOutcome(job_id, claim.consumer, claim.token, "failed",

@@ -87,3 +87,15 @@ def redact_urls(text: str) -> str:
     """`text` with every URL in it shown by `shown_url` (error messages of HTTP libraries and
     user hooks often quote the signed URL they were given)."""
     return _URL_IN_TEXT.sub(lambda m: shown_url(m.group(0)), text)
+
+
+def without_signatures(value: Any) -> Any:
+    """A copy of a JSON value with every URL string shown by `shown_url` (for `jobs show`,
+    the dashboard and logs: a stored result keeps its signed links, nothing shown does)."""
+    if isinstance(value, dict):
+        return {k: without_signatures(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_signatures(v) for v in value]
+    if isinstance(value, str) and "://" in value:
+        return redact_urls(value)
+    return value

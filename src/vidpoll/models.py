@@ -282,6 +282,7 @@ class WorkerStats:
     results_fetched: int = 0
     result_retries: int = 0
     deliveries_done: int = 0
+    deliveries_failed: int = 0
     delivery_retries: int = 0
 
     def count_error(self, error_class: ErrorClass) -> None:

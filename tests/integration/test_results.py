@@ -40,7 +40,7 @@ async def test_results_are_queued_by_any_worker_and_fetched_by_those_asked_to(
     fake.add_job("c", script=DONE)
     await store.add_job("f", delay_s=0)
     await store.add_job("c", delay_s=0)
-    worker = make_worker(drain=True)  # without --fetch-results
+    worker = make_worker(drain=True, fetch_results=False)  # --no-fetch-results
     await asyncio.wait_for(worker.run(), 10)
     failed, done = await store.get_job("f"), await store.get_job("c")
     assert failed is not None and failed["result_state"] is None  # nothing to fetch
