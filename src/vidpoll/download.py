@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import BinaryIO
 
 import aiohttp
+from yarl import URL
 
 from vidpoll.errors import DiskError, DownloadError, UrlExpired
 from vidpoll.media import file_names, job_dir_name, redact_urls, shown_url
@@ -107,7 +108,9 @@ class Downloader:
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         shown = shown_url(url)
         try:
-            async with self._session.get(url, headers=headers, allow_redirects=True,
+            # sent byte for byte as Sume gave it: re-encoding would break a signature
+            async with self._session.get(URL(url, encoded=True), headers=headers,
+                                         allow_redirects=True,
                                          max_redirects=5) as resp:
                 if resp.status in EXPIRED_STATUSES:
                     raise UrlExpired(f"{shown} answered HTTP {resp.status}: the link expired")

@@ -23,11 +23,11 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
 
+from vidpoll.media import job_path_segment
 from vidpoll.webhook import sign
 
 TERMINAL = ("completed", "failed", "canceled", "expired")
@@ -500,7 +500,7 @@ class FakeSume:
         self.media_links[sig] = time.monotonic() + (-1.0 if born_expired
                                                     else cfg.media_url_ttl_s)
         host = f"{request.scheme}://{request.host}"
-        return (f"{host}/media/{quote(job_id, safe='')}/video.mp4"
+        return (f"{host}/media/{job_path_segment(job_id)}/video.mp4"
                 f"?sig={sig}&expires={cfg.media_url_ttl_s:.0f}")
 
     @staticmethod

@@ -7,7 +7,7 @@ import hashlib
 import re
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 MAX_MEDIA_URLS = 20
 """A result with more media URLs than this is not downloaded (it is not a video result)."""
@@ -99,3 +99,15 @@ def without_signatures(value: Any) -> Any:
     if isinstance(value, str) and "://" in value:
         return redact_urls(value)
     return value
+
+
+def job_path_segment(job_id: str) -> str:
+    """Percent-encode a job id as exactly one path segment.
+
+    `quote(safe="")` encodes '/', '?', '#', '%' and everything else outside the unreserved set;
+    '.' and '..' are unreserved yet mean "this/parent directory", so they are encoded too.
+    """
+    segment = quote(job_id, safe="")
+    if segment in (".", ".."):
+        segment = segment.replace(".", "%2E")
+    return segment

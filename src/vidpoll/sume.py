@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
 
 import aiohttp
 from yarl import URL
 
+from vidpoll.media import job_path_segment
 from vidpoll.models import ErrorClass, HttpAnswer
 
 DEFAULT_BASE_URL = "https://api.sume.com"
@@ -21,18 +21,6 @@ DEFAULT_STATUS_PATH = "/v1/jobs/{job_id}/status"
 DEFAULT_CREATE_PATH = "/v1/videos"
 DEFAULT_RESULT_PATH = "/v1/jobs/{job_id}/result"
 MAX_BODY_BYTES = 1 << 20
-
-
-def job_path_segment(job_id: str) -> str:
-    """Percent-encode a job id as exactly one path segment.
-
-    `quote(safe="")` encodes '/', '?', '#', '%' and everything else outside the unreserved set;
-    '.' and '..' are unreserved yet mean "this/parent directory", so they are encoded too.
-    """
-    segment = quote(job_id, safe="")
-    if segment in (".", ".."):
-        segment = segment.replace(".", "%2E")
-    return segment
 
 
 def status_url(base_url: str, job_id: str, path: str = DEFAULT_STATUS_PATH) -> URL:

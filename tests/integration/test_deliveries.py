@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
+import json
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
-from vidpoll.deliver import Deliverer, DeliveryConfig, hook_consumer
+from vidpoll.deliver import Deliverer, DeliveryConfig
 from vidpoll.download import Downloader
-from vidpoll.errors import DiskError
+from vidpoll.errors import DiskError, DownloadError
 from vidpoll.models import Job
 from vidpoll.store import PgStore
+from vidpoll.sume import SumeClient
 
-from ..conftest import FAST_POLICY, run_until
+from ..conftest import API_KEY, FAST_POLICY, run_until
 
 DONE = [{"sume_status": "completed", "terminal": True}]
 FAILED = [{"sume_status": "failed", "terminal": True}]
@@ -138,3 +139,160 @@ async def test_a_hook_that_keeps_failing_is_marked_failed_visibly_and_can_be_ret
     assert [r["job_id"] for r in await store.retry_deliveries(job_id="j1")] == ["j1"]
     [d] = await store.job_deliveries("j1")
     assert d["state"] == "pending" and d["attempts"] == 0
+
+
+async def test_a_slow_hook_does_not_stall_polling(store, fake, make_worker):
+    release = threading.Event()
+    entered: list[str] = []
+
+    def slow(job: Job) -> None:  # sync: runs in a thread, blocks until the test says so
+        entered.append(job.job_id)
+        release.wait(20)
+
+    deliverer = make_deliverer(store, {"app:slow": slow}, concurrency=1)
+    task = await started(deliverer)
+    for i in range(6):
+        fake.add_job(f"j{i}", script=FAILED)
+        await store.add_job(f"j{i}", delay_s=0)
+    worker = make_worker()
+    try:
+        await run_until(worker, lambda: worker.stats.finished == 6)
+        await until(deliverer, lambda: len(entered) == 1)
+        assert deliverer.stats.deliveries_done == 0  # every job polled while the hook hangs
+    finally:
+        release.set()
+    await until(deliverer, lambda: deliverer.stats.deliveries_done == 6)
+    await stopped(deliverer, task)
+
+
+async def test_a_hook_gets_the_downloaded_files(store, fake, fake_url, make_worker, downloader):
+    seen: list[Job] = []
+    deliverer = make_deliverer(store, {"app:done": seen.append}, downloader)
+    task = await started(deliverer)
+    fake.add_job("v1", script=DONE)
+    await store.add_job("v1", delay_s=0)
+    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await until(deliverer, lambda: len(seen) == 1)
+    await stopped(deliverer, task)
+    [job] = seen
+    [f] = job.files
+    data = Path(f.path).read_bytes()
+    assert data == fake.media_content("v1", fake.config.media_bytes)
+    assert f.size == len(data) and f.sha256 == media_sha(fake, "v1")
+    assert Path(f.path).parent == downloader.directory / "v1"
+    assert "?" not in f.url and f.url.endswith("/media/v1/video.mp4")
+    assert [p.name for p in Path(f.path).parent.iterdir()] == [Path(f.path).name]  # no .part
+    assert (await store.job("v1")).files == job.files
+    # the CDN never sees the Sume API key
+    assert [auth for *_, auth in fake.media_log] == [None]
+
+
+async def test_an_expired_link_is_refreshed_by_fetching_the_result_again(
+        store, fake, make_worker, downloader):
+    fake.config.media_expired_first = 1  # the first link handed out is dead on arrival
+    deliverer = make_deliverer(store, downloader=downloader)
+    task = await started(deliverer)
+    fake.add_job("v1", script=DONE)
+    await store.add_job("v1", delay_s=0)
+    worker = make_worker()
+    wtask = asyncio.create_task(worker.run())
+    try:
+        await until(deliverer, lambda: deliverer.stats.deliveries_done == 1, 15)
+    finally:
+        worker.stop()
+        await wtask
+    await stopped(deliverer, task)
+    assert [status for _, status, *_ in fake.media_log] == [403, 200]
+    assert fake.results_served["v1"] == 2 and worker.stats.results_fetched == 2
+    [f] = (await store.job("v1")).files
+    assert f.sha256 == media_sha(fake, "v1")
+
+
+async def test_a_partial_file_is_resumed_with_a_range_request(fake, fake_url, downloader,
+                                                              store):
+    fake.add_job("v1", script=DONE)
+    url = await result_link(fake_url, "v1")
+    content = fake.media_content("v1", fake.config.media_bytes)
+    folder = downloader.directory / "v1"
+    folder.mkdir(parents=True)
+    (folder / ".1-video.mp4.part").write_bytes(content[:100_000])  # a crash left this
+    [f] = await downloader.download("v1", [url])
+    assert fake.media_log[-1][1:3] == (206, "bytes=100000-")
+    assert Path(f.path).read_bytes() == content and f.sha256 == media_sha(fake, "v1")
+    assert sorted(p.name for p in folder.iterdir()) == ["1-video.mp4"]
+
+
+async def test_a_server_that_ignores_range_gets_a_clean_restart(fake, fake_url, downloader):
+    fake.config.media_ranges = False
+    fake.add_job("v1", script=DONE)
+    url = await result_link(fake_url, "v1")
+    content = fake.media_content("v1", fake.config.media_bytes)
+    folder = downloader.directory / "v1"
+    folder.mkdir(parents=True)
+    (folder / ".1-video.mp4.part").write_bytes(b"garbage from elsewhere" * 100)
+    [f] = await downloader.download("v1", [url])
+    assert fake.media_log[-1][1] == 200
+    assert Path(f.path).read_bytes() == content and f.size == len(content)
+
+
+async def test_a_partial_longer_than_the_file_is_thrown_away(fake, fake_url, downloader):
+    fake.add_job("v1", script=DONE)
+    url = await result_link(fake_url, "v1")
+    folder = downloader.directory / "v1"
+    folder.mkdir(parents=True)
+    (folder / ".1-video.mp4.part").write_bytes(b"x" * (fake.config.media_bytes + 10))
+    with pytest.raises(DownloadError, match="416"):
+        await downloader.download("v1", [url])
+    assert list(folder.iterdir()) == []  # nothing published, the bad partial gone
+    [f] = await downloader.download("v1", [url])
+    assert Path(f.path).read_bytes() == fake.media_content("v1", fake.config.media_bytes)
+
+
+async def test_a_full_disk_keeps_the_job_not_downloaded_with_a_clear_error(
+        store, fake, make_worker, downloader):
+    folder = downloader.directory / "v1"
+    folder.mkdir(parents=True)
+    part = folder / ".1-video.mp4.part"
+    part.symlink_to("/dev/full")  # every write to it fails with ENOSPC, as on a full disk
+    deliverer = make_deliverer(store, downloader=downloader)
+    task = await started(deliverer)
+    fake.add_job("v1", script=DONE)
+    await store.add_job("v1", delay_s=0)
+    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await until(deliverer, lambda: deliverer.stats.delivery_retries >= 1)
+    [d] = await store.job_deliveries("v1")
+    assert d["state"] == "pending" and "the disk is full" in d["last_error"]
+    assert (await store.job("v1")).files == ()
+    assert not (folder / "1-video.mp4").exists()
+    part.unlink()  # space freed: the next try completes
+    await until(deliverer, lambda: deliverer.stats.deliveries_done == 1, 15)
+    await stopped(deliverer, task)
+    [f] = (await store.job("v1")).files
+    assert f.sha256 == media_sha(fake, "v1")
+
+
+async def test_an_unusable_download_directory_fails_at_start(store, tmp_path):
+    (tmp_path / "a-file").write_text("not a directory")
+    downloader = Downloader(tmp_path / "a-file" / "videos")
+    with pytest.raises(DiskError, match="not a directory"):
+        downloader.check_directory()
+    deliverer = make_deliverer(store, downloader=downloader)
+    with pytest.raises(DiskError):
+        await asyncio.wait_for(deliverer.run(), 10)
+
+
+async def test_odd_job_ids_never_escape_the_download_directory(fake, fake_url, downloader):
+    for job_id in ("../../etc/passwd", "a/b", "..", "ü 名前"):
+        fake.add_job(job_id, script=DONE)
+        url = await result_link(fake_url, job_id)
+        [f] = await downloader.download(job_id, [url])
+        path = Path(f.path).resolve()
+        assert path.parent.parent == downloader.directory.resolve()
+        assert path.read_bytes() == fake.media_content(job_id, fake.config.media_bytes)
+
+
+async def result_link(fake_url: str, job_id: str) -> str:
+    """A fresh signed link, as GET .../result hands it out."""
+    async with SumeClient(fake_url, API_KEY) as client:
+        answer = await client.read_result(job_id)
+    return str(json.loads(answer.body)["videos"][0]["url"])

@@ -58,3 +58,13 @@ CREATE TRIGGER vidpoll_jobs_result_done
   FOR EACH ROW
   WHEN (OLD.result_state = 'pending' AND NEW.result_state IS DISTINCT FROM 'pending')
   EXECUTE FUNCTION vidpoll_notify_job_done();
+
+-- A result fetch queued again by a download whose link expired wakes idle workers (a worker
+-- recording a completion queues one too, but it is awake anyway).
+DROP TRIGGER IF EXISTS vidpoll_jobs_result_requeued ON video_jobs;
+CREATE TRIGGER vidpoll_jobs_result_requeued
+  AFTER UPDATE OF result_state ON video_jobs
+  FOR EACH ROW
+  WHEN (OLD.result_state IS DISTINCT FROM 'pending' AND NEW.result_state = 'pending'
+        AND OLD.state <> 'pending')
+  EXECUTE FUNCTION vidpoll_notify_jobs();
