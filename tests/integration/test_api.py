@@ -13,6 +13,7 @@ import pytest
 import vidpoll.api
 from vidpoll import ConfigError, DatabaseUnavailable, IntentRejected, Vidpoll
 from vidpoll.config import Settings
+from vidpoll.deliver import hook_name
 
 from ..conftest import API_KEY
 
@@ -139,3 +140,46 @@ async def test_an_error_after_the_commit_names_the_key(vp, fake, monkeypatch):
     assert any("order-7" in note for note in info.value.__notes__)
     intent = await vp.intent("order-7")
     assert intent is not None and intent.state == "queued" and fake.creates == 0
+
+
+def readme_hook(repo_root: Path) -> dict[str, Any]:
+    text = (repo_root / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+                 if "def publish" in b)
+    namespace: dict[str, Any] = {}
+    exec(block, namespace)  # the README's own hook, unchanged
+    return namespace
+
+
+async def test_the_readme_hook_runs_in_process_with_the_files(
+        repo_root, tmp_path, capsys, vp, store, fake, make_worker):
+    publish = readme_hook(repo_root)["publish"]
+    fake.add_job("c1", script=[{"sume_status": "completed", "terminal": True}])
+    fake.add_job("f1", script=[{"sume_status": "FAILED", "terminal": True}])
+    async with vp.deliveries(on_terminal=publish, download_dir=tmp_path / "videos") as d:
+        await d.signals.wait_for(lambda: d.idle, 10)  # registered before any job ends
+        for job_id in ("c1", "f1"):
+            await store.add_job(job_id, delay_s=0)
+        await asyncio.wait_for(make_worker(drain=True).run(), 10)
+        await d.signals.wait_for(lambda: d.stats.deliveries_done == 3, 10)
+    size = fake.config.media_bytes
+    assert sorted(capsys.readouterr().out.splitlines()) == [
+        f"c1 ready: {tmp_path / 'videos' / 'c1' / '1-video.mp4'} ({size} bytes)",
+        "f1 ended failed"]
+    # tracked under the function's own module:qualname
+    assert {r["consumer"] for r in await store.delivery_counts()} == {
+        "download", f"hook:{hook_name(publish)}"}
+
+
+async def test_wait_with_result_returns_once_the_result_is_in(vp, store, fake, make_worker):
+    fake.add_job("c1", script=[{"sume_status": "completed", "terminal": True}])
+    await store.add_job("c1", delay_s=0)
+    worker = make_worker()
+    task = asyncio.create_task(worker.run())
+    try:
+        job = await vp.wait("c1", timeout=10, with_result=True)
+    finally:
+        worker.stop()
+        await task
+    assert job.state == "completed" and job.result_state == "fetched"
+    assert job.result is not None and job.result["videos"][0]["url"].startswith("http")
