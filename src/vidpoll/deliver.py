@@ -55,6 +55,8 @@ DELIVERY_BACKOFF_MAX_S = 3600.0
 EXPIRED_LINK_RETRY_S = 1.0
 """After an expired media link, the retry waits for the fresh result, then this long."""
 MAX_ERROR_TEXT = 500
+BUSY_RETRY_S = 0.25
+"""Floor of the sleep when deliveries are due but were not claimed: never a hot loop."""
 
 
 def hook_consumer(name: str) -> str:
@@ -235,23 +237,24 @@ class Deliverer(Runner):
 
     async def _idle_delay(self, claimed: int) -> float | None:
         cfg = self.config
-        if claimed and any(self._running[c] < cfg.concurrency for c in self.consumers):
-            return 0.0  # more may be due
-        due_in = await self.store.next_delivery_due_in(self.consumers)
-        if cfg.drain and self.producers_done.is_set() and self._inflight == 0 and not claimed:
-            pending, due_soon = await self.store.pending_deliveries(self.consumers,
-                                                                    cfg.idle_max_s)
-            if due_in is None or due_in > cfg.idle_max_s:
-                if pending:
-                    log.warning("drain: %d deliveries left for a running worker (%d due within "
-                                "%gs but waiting for a result)", pending, due_soon,
-                                cfg.idle_max_s)
-                self._stopping.set()
-                return None
+        free = [c for c in self.consumers if self._running[c] < cfg.concurrency]
+        if not free:
+            return cfg.idle_max_s  # every slot busy: a finishing delivery wakes the loop
+        if claimed:
+            return 0.0  # there was room and work: look again at once
+        due_in = await self.store.next_delivery_due_in(free)
+        if (cfg.drain and self.producers_done.is_set() and self._inflight == 0
+                and (due_in is None or due_in > cfg.idle_max_s)):
+            pending, _ = await self.store.pending_deliveries(self.consumers, 0)
+            if pending:
+                log.warning("drain: %d deliveries left for a running worker (backing off, "
+                            "or waiting for a result)", pending)
+            self._stopping.set()
+            return None
         if due_in is None:
             return cfg.idle_max_s
-        # due deliveries while all slots are busy: a finishing one wakes the loop
-        return min(cfg.idle_max_s, max(due_in + 0.005, 0.0 if claimed else 0.05))
+        # due yet not claimed: another worker's claim holds them for a moment; never a spin
+        return min(cfg.idle_max_s, max(due_in + 0.005, BUSY_RETRY_S))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
