@@ -226,6 +226,7 @@ class Vidpoll:
                     Downloader(download_dir, max_connections=concurrency))
             deliverer = Deliverer(self.store, config, downloader)
             deliverer.producers_done.set()  # the pollers run elsewhere
+            await deliverer.prepare()  # registered before the block runs: no job slips by
             task = asyncio.create_task(deliverer.run())
             deliverer.task = task
             try:

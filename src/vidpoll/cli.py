@@ -185,6 +185,9 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
     except (ConfigError, DiskError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    if (hooks or download_dir) and not fetch_results:
+        click.echo("warning: --no-fetch-results: completed jobs' downloads and hooks wait "
+                   "until another worker fetches their result", err=True)
     settings = dataclasses.replace(
         settings,
         status_rates=_override(settings.status_rates, status_rate_per_min, settings),

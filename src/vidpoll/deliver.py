@@ -24,7 +24,8 @@ import logging
 import os
 import random
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -167,39 +168,67 @@ class Deliverer(Runner):
         self.consumers = ([DOWNLOAD] if downloader is not None else []) + [
             hook_consumer(n) for n in config.hooks]
         self._running: dict[str, int] = dict.fromkeys(self.consumers, 0)
+        self._attempts: dict[asyncio.Task[DeliveryOutcome], str] = {}
+        self._prepared = False
+        # sync hooks get threads of their own: a hung hook never starves the file I/O that
+        # downloads do in the default executor
+        self._hook_threads = ThreadPoolExecutor(
+            max_workers=max(1, config.concurrency * len(config.hooks)),
+            thread_name_prefix="vidpoll-hook")
         if not self.consumers:
             raise ConfigError("a Deliverer needs a hook or a download directory")
 
     def _notifications(self) -> AsyncIterator[Notice]:
         return self.store.notifications(self.config.channels)
 
-    async def drained(self) -> None:
-        """Wait until run() returned (with drain: nothing left to deliver now); re-raises
-        what ended it (an unwritable download directory, say)."""
-        assert self.task is not None, "started by Vidpoll.deliveries()"
-        await asyncio.shield(self.task)
-
-    async def run(self) -> None:
-        """Deliver until stop() (or, with drain, until nothing is left to deliver now)."""
-        cfg = self.config
+    async def prepare(self) -> None:
+        """Check the download directory and register the consumers (run() does it too); from
+        its return on, every job that ends gets a delivery."""
+        if self._prepared:
+            return
         if self.downloader is not None:
-            self.downloader.check_directory()  # an unwritable directory fails at start, loudly
+            # an unusable directory fails here, loudly, before anything is claimed
+            await asyncio.to_thread(self.downloader.check_directory)
         for consumer in self.consumers:
             if await self.store.register_consumer(consumer):
                 log.info("deliveries for %s start now: every job that ends from here on gets "
                          "one", consumer)
+        self._prepared = True
+
+    async def drained(self) -> None:
+        """Wait until run() returned (with drain: nothing left to deliver now); re-raises
+        what ended it."""
+        assert self.task is not None, "started by Vidpoll.deliveries()"
+        await asyncio.shield(self.task)
+
+    async def run(self) -> None:
+        """Deliver until stop() (or, with drain, until nothing is left to deliver now).
+
+        On stop, downloads in flight are cancelled (their partial files resume next time) and
+        hooks get up to `hook_timeout_s` to finish; an async hook still running then is
+        cancelled, and its delivery is due again when its lease ends."""
+        cfg = self.config
+        await self.prepare()
         listener = (asyncio.create_task(self._listener(), name="vidpoll-delivery-listener")
                     if cfg.listen else None)
         try:
             await self._loop()
         finally:
             self._stopping.set()
+            for running, consumer in list(self._attempts.items()):
+                if consumer == DOWNLOAD:
+                    running.cancel()
             if self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+                _, late = await asyncio.wait(self._tasks, timeout=cfg.hook_timeout_s)
+                for task in late:
+                    task.cancel()
+                if late:
+                    await asyncio.wait(late, timeout=5)
             if listener is not None:
                 listener.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await listener
+            self._hook_threads.shutdown(wait=False, cancel_futures=True)
             await self.signals.pulse()
 
     async def _loop(self) -> None:
@@ -256,21 +285,34 @@ class Deliverer(Runner):
         # due yet not claimed: another worker's claim holds them for a moment; never a spin
         return min(cfg.idle_max_s, max(due_in + 0.005, BUSY_RETRY_S))
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     # -- one delivery -----------------------------------------------------------------------
     async def _deliver(self, claim: ClaimedDelivery) -> None:
+        """One attempt under a lease that a heartbeat extends; if the lease is lost (a long
+        database outage, say) the attempt is cancelled and nothing is recorded."""
+        job_id = claim.job.job_id
+        attempt = asyncio.create_task(self._attempt(claim))
+        self._attempts[attempt] = claim.consumer
         keeper = asyncio.create_task(self._keep_lease(claim))
         try:
-            outcome = await self._attempt(claim)
-            if outcome is None:
+            await asyncio.wait({attempt, keeper}, return_when=asyncio.FIRST_COMPLETED)
+            if not attempt.done():  # the heartbeat ended: the lease is someone else's now
+                attempt.cancel()
+                await asyncio.wait({attempt})
+                log.warning("job %s: lost the lease of %s; this attempt was stopped and its "
+                            "outcome dropped", job_id, claim.consumer)
                 return
+            keeper.cancel()
+            if attempt.cancelled():
+                return  # stopping: the lease ends and the delivery is due again
+            outcome = attempt.result()
             if not await self.store.record_delivery(outcome):
                 log.warning("job %s: %s outcome dropped, another worker owns it now",
-                            claim.job.job_id, claim.consumer)
+                            job_id, claim.consumer)
             elif outcome.state == "done":
                 self.stats.deliveries_done += 1
             elif outcome.state == "failed":
@@ -279,69 +321,95 @@ class Deliverer(Runner):
                 self.stats.delivery_retries += 1
         except DatabaseUnavailable as exc:
             log.warning("job %s: could not record %s (%s); it is due again when its lease "
-                        "ends", claim.job.job_id, claim.consumer, exc)
-        except Exception:
-            log.exception("job %s: unexpected error in %s; retried when its lease ends",
-                          claim.job.job_id, claim.consumer)
+                        "ends", job_id, claim.consumer, exc)
+        except Exception as exc:
+            log.error("job %s: unexpected error in %s (%s); retried when its lease ends",
+                      job_id, claim.consumer, type(exc).__name__)
         finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+            for task in (attempt, keeper):
+                task.cancel()
+            self._attempts.pop(attempt, None)
             self._running[claim.consumer] -= 1
             self._inflight -= 1
             self._wake.set()
+            await asyncio.wait({attempt, keeper})
             await self.signals.pulse()
 
     async def _keep_lease(self, claim: ClaimedDelivery) -> None:
-        """Extend the lease while the delivery runs; if it was lost, say so (the attempt's
-        outcome will be fenced out)."""
+        """Extend the lease every third of it; return only when it is lost."""
         lease_s = self.config.lease_s
         while True:
             await asyncio.sleep(lease_s / 3)
             try:
                 if not await self.store.extend_delivery(claim, lease_s):
-                    log.warning("job %s: lost the lease of %s", claim.job.job_id,
-                                claim.consumer)
                     return
-            except DatabaseUnavailable:
-                continue  # the lease may lapse; the fence keeps a second owner's write apart
+            except Exception as exc:  # a blip: the next beat tries again before it lapses
+                log.warning("job %s: could not extend the lease of %s (%s)",
+                            claim.job.job_id, claim.consumer, type(exc).__name__)
 
-    async def _attempt(self, claim: ClaimedDelivery) -> DeliveryOutcome | None:
-        if claim.consumer == DOWNLOAD:
-            return await self._download(claim)
+    async def _attempt(self, claim: ClaimedDelivery) -> DeliveryOutcome:
+        """Run the delivery once and say what to record; never raises but CancelledError."""
+        if claim.attempts > self.config.max_attempts:
+            # past its tries without ever recording one (it crashed the process each time?)
+            return self._outcome(claim, "failed", error=f"gave up after {claim.attempts - 1} "
+                                 "tries that never reported back (did the process die?)")
+        try:
+            if claim.consumer == DOWNLOAD:
+                return await self._download(claim)
+            return await self._run_hook(claim)
+        except Exception as exc:
+            return self._retry(claim, f"{type(exc).__name__}: {exc}")
+
+    async def _run_hook(self, claim: ClaimedDelivery) -> DeliveryOutcome:
         name = claim.consumer.removeprefix("hook:")
         hook = self.config.hooks[name]
         job = claim.job
+        timeout_s = self.config.hook_timeout_s
+        deadline: asyncio.Timeout | None = None
         try:
-            async with asyncio.timeout(self.config.hook_timeout_s):
-                if inspect.iscoroutinefunction(hook):
+            if inspect.iscoroutinefunction(hook):
+                async with asyncio.timeout(timeout_s) as deadline:
                     await hook(job)
-                else:
-                    returned = await asyncio.to_thread(hook, job)
-                    if inspect.isawaitable(returned):
+            else:
+                # a thread cannot be stopped: past the timeout it is reported, and waited for
+                # (lease kept), since a second run beside it would be worse
+                loop = asyncio.get_running_loop()
+                running = loop.run_in_executor(self._hook_threads, hook, job)
+                done, _ = await asyncio.wait({running}, timeout=timeout_s)
+                if not done:
+                    log.error("job %s: hook %s still running after %gs; waiting for it (a "
+                              "thread cannot be stopped)", job.job_id, name, timeout_s)
+                returned = await running
+                if inspect.isawaitable(returned):
+                    async with asyncio.timeout(timeout_s) as deadline:
                         await returned
-        except TimeoutError:
-            return self._retry(claim, f"the hook ran longer than {self.config.hook_timeout_s:g}s")
+        except TimeoutError as exc:
+            if deadline is not None and deadline.expired():
+                return self._retry(claim, f"the hook ran longer than {timeout_s:g}s")
+            return self._hook_failed(claim, name, exc)
         except Exception as exc:
-            log.warning("job %s: hook %s raised %s (try %d)", job.job_id, name,
-                        type(exc).__name__, claim.attempts, exc_info=True)
-            return self._retry(claim, f"{type(exc).__name__}: {exc}")
+            return self._hook_failed(claim, name, exc)
         log.info("job %s: hook %s done (%s)", job.job_id, name, job.state)
-        return DeliveryOutcome(job.job_id, claim.consumer, claim.token, "done")
+        return self._outcome(claim, "done")
+
+    def _hook_failed(self, claim: ClaimedDelivery, name: str, exc: Exception
+                     ) -> DeliveryOutcome:
+        # the message only, URLs shown bare: a traceback's text could carry a signed URL
+        log.warning("job %s: hook %s raised %s (try %d): %s", claim.job.job_id, name,
+                    type(exc).__name__, claim.attempts, redact_urls(str(exc))[:MAX_ERROR_TEXT])
+        return self._retry(claim, f"{type(exc).__name__}: {exc}")
 
     async def _download(self, claim: ClaimedDelivery) -> DeliveryOutcome:
         job = claim.job
         assert self.downloader is not None
-        if job.state != COMPLETED or job.result is None:
+        if job.state != COMPLETED or job.result is None or job.result_state != "fetched":
             why = ("its result could not be fetched" if job.result_state == "failed"
                    else "it has no result")
-            return DeliveryOutcome(job.job_id, claim.consumer, claim.token, "failed",
-                                   error=f"nothing to download: {why}")
+            return self._outcome(claim, "failed", error=f"nothing to download: {why}")
         urls = media_urls(job.result)
         if len(urls) > MAX_MEDIA_URLS:
-            return DeliveryOutcome(job.job_id, claim.consumer, claim.token, "failed",
-                                   error=f"the result lists {len(urls)} media URLs "
-                                         f"(more than {MAX_MEDIA_URLS})")
+            return self._outcome(claim, "failed", error=f"the result lists {len(urls)} media "
+                                                        f"URLs (more than {MAX_MEDIA_URLS})")
         if not urls:
             log.warning("job %s: its result carries no media URL; nothing downloaded",
                         job.job_id)
@@ -360,18 +428,25 @@ class Deliverer(Runner):
                  sum(f.size for f in files))
         detail = {"files": [{"path": f.path, "size": f.size, "sha256": f.sha256,
                              "url": f.url} for f in files]}
-        return DeliveryOutcome(job.job_id, claim.consumer, claim.token, "done", detail=detail)
+        return self._outcome(claim, "done", detail=detail)
+
+    @staticmethod
+    def _outcome(claim: ClaimedDelivery, state: str, *, delay_s: float = 0.0,
+                 error: str | None = None, detail: Any = None,
+                 refresh_result: bool = False) -> DeliveryOutcome:
+        return DeliveryOutcome(claim.job.job_id, claim.consumer, claim.token, state, delay_s,
+                               error=error, detail=detail, refresh_result=refresh_result,
+                               generation=claim.generation)
 
     def _retry(self, claim: ClaimedDelivery, error: str, *, refresh_result: bool = False,
                delay_s: float | None = None) -> DeliveryOutcome:
         error = redact_urls(error)[:MAX_ERROR_TEXT]
-        job_id = claim.job.job_id
         if claim.attempts >= self.config.max_attempts:
             log.error("job %s: %s failed %d times, given up (vidpoll deliveries retry): %s",
-                      job_id, claim.consumer, claim.attempts, error)
-            return DeliveryOutcome(job_id, claim.consumer, claim.token, "failed",
-                                   error=f"gave up after {claim.attempts} tries: {error}")
+                      claim.job.job_id, claim.consumer, claim.attempts, error)
+            return self._outcome(claim, "failed",
+                                 error=f"gave up after {claim.attempts} tries: {error}")
         delay = delay_s if delay_s is not None else backoff_delay(
             claim.attempts, self.config.policy, self._rng, DELIVERY_BACKOFF_MAX_S)
-        return DeliveryOutcome(job_id, claim.consumer, claim.token, "pending", delay,
-                               error=error, refresh_result=refresh_result)
+        return self._outcome(claim, "pending", delay_s=delay, error=error,
+                             refresh_result=refresh_result)

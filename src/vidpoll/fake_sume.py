@@ -529,7 +529,8 @@ class FakeSume:
                 start, status = int(first), 206
                 if start >= len(data):
                     self.media_log.append((job_id, 416, range_header, None))
-                    return web.Response(status=416)
+                    return web.Response(status=416,
+                                        headers={"Content-Range": f"bytes */{len(data)}"})
         self.media_log.append((job_id, status, range_header,
                                request.headers.get("Authorization")))
         resp = web.StreamResponse(status=status, headers={

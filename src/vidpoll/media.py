@@ -29,12 +29,17 @@ def shown_url(url: str) -> str:
         return "<unparseable URL>"
 
 
+MEDIA_URL_KEYS = ("url", "video_url", "download_url", "media_url", "file_url")
+"""Keys whose value is a media file (Sume's `videos[].url`; the common other spellings).
+Other `*_url` keys (a status or web page link) are not media and are never fetched."""
+
+
 def media_urls(result: Any) -> list[str]:
-    """The http(s) URLs of a result body: every string under a key named `url` or ending in
-    `_url` (Sume's `videos[].url`; other shapes too), in order, without repeats."""
+    """The http(s) URLs of a result body under MEDIA_URL_KEYS (at any depth; a key like
+    `hd_video_url` counts), in order, without repeats."""
     found: list[str] = []
     for key, value in _walk(result):
-        if (isinstance(value, str) and (key == "url" or key.endswith("_url"))
+        if (isinstance(value, str) and (key == "url" or key.endswith(MEDIA_URL_KEYS[1:]))
                 and value.lower().startswith(("http://", "https://")) and value not in found):
             found.append(value)
     return found

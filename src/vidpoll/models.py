@@ -196,8 +196,9 @@ class Job:
     finished_at: datetime | None
     idempotency_key: str | None
     account: str = DEFAULT_ACCOUNT
-    result: dict[str, Any] | None = None
-    """Sume's answer to GET .../result once fetched (media URLs, signed: never log them)."""
+    result: dict[str, Any] | None = field(default=None, repr=False)
+    """Sume's answer to GET .../result once fetched (media URLs, signed: never log them, so
+    it is left out of repr())."""
     result_state: str | None = None
     """None (not completed), pending (to fetch), fetched or failed."""
     files: tuple[MediaFile, ...] = ()
@@ -238,6 +239,8 @@ class ClaimedDelivery:
     token: uuid.UUID
     attempts: int
     detail: Any = None
+    generation: int = 0
+    """Bumped when the job ends again while the delivery runs (see record_delivery)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +257,7 @@ class DeliveryOutcome:
     error: str | None = None
     detail: Any = None
     refresh_result: bool = False
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)

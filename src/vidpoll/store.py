@@ -415,7 +415,8 @@ class PgStore:
         rows = await self._all("claim_deliveries", {"consumer": consumer, "limit": limit,
                                                     "lease_s": lease_s, "now": now})
         return [ClaimedDelivery(_job_view(r, r["job_state"], r["files"]), r["consumer"],
-                                r["token"], r["attempts"], r["detail"]) for r in rows]
+                                r["token"], r["attempts"], r["detail"], r["generation"])
+                for r in rows]
 
     async def extend_delivery(self, claim: ClaimedDelivery, lease_s: float) -> bool:
         """Push a running delivery's lease `lease_s` out; False if it is not ours any more."""
@@ -430,7 +431,7 @@ class PgStore:
             "job_id": outcome.job_id, "consumer": outcome.consumer, "token": outcome.token,
             "state": outcome.state, "delay_s": outcome.delay_s, "error": outcome.error,
             "detail": None if outcome.detail is None else Jsonb(outcome.detail),
-            "refresh_result": outcome.refresh_result})
+            "refresh_result": outcome.refresh_result, "generation": outcome.generation})
         return row is not None
 
     async def next_delivery_due_in(self, consumers: Sequence[str]) -> float | None:

@@ -320,7 +320,10 @@ class Worker(Runner):
             if (cfg.fetch_results and granted and not self._stopping.is_set()
                     and (self._results_seen.get(account) or self._turn % RESULTS_TURN == 0)):
                 # a share first, so a status backlog that eats every token cannot starve them
-                n = await self._claim_results(account, max(1, granted // 4))
+                # (a single token goes to results every other turn only)
+                share = granted // 4 or self._turn % 2
+                if share:
+                    n = await self._claim_results(account, share)
             if granted > n and not self._stopping.is_set():
                 owns_lane, lane = lane, False  # from here the locked batch releases it
                 n += await self._claim_some(account, granted - n, owns_lane)

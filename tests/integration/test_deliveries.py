@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from vidpoll.deliver import Deliverer, DeliveryConfig
@@ -118,7 +119,7 @@ async def test_a_hook_that_raises_is_retried_with_backoff_and_eventually_runs(
 
 
 async def test_a_hook_that_keeps_failing_is_marked_failed_visibly_and_can_be_retried(
-        store, fake, make_worker):
+        store, fake, make_worker, caplog):
     def broken(job: Job) -> None:
         raise ValueError(f"cannot publish https://cdn.example/v.mp4?sig=SECRET for {job.job_id}")
 
@@ -134,6 +135,8 @@ async def test_a_hook_that_keeps_failing_is_marked_failed_visibly_and_can_be_ret
     assert d["state"] == "failed" and d["attempts"] == 2
     assert "gave up after 2 tries: ValueError: cannot publish" in d["last_error"]
     assert "SECRET" not in d["last_error"]  # a signed URL in an exception is shown bare
+    assert "cannot publish https://cdn.example/v.mp4 for j1" in caplog.text
+    assert "SECRET" not in caplog.text
     assert [p["job_id"] for p in await store.failed_deliveries()] == ["j1"]
     assert (await store.delivery_counts())[0]["failed"] == 1
     assert [r["job_id"] for r in await store.retry_deliveries(job_id="j1")] == ["j1"]
@@ -142,27 +145,185 @@ async def test_a_hook_that_keeps_failing_is_marked_failed_visibly_and_can_be_ret
 
 
 async def test_a_slow_hook_does_not_stall_polling(store, fake, make_worker):
-    release = threading.Event()
-    entered: list[str] = []
+    entered, release = threading.Event(), threading.Event()
 
     def slow(job: Job) -> None:  # sync: runs in a thread, blocks until the test says so
-        entered.append(job.job_id)
+        entered.set()
         release.wait(20)
 
     deliverer = make_deliverer(store, {"app:slow": slow}, concurrency=1)
     task = await started(deliverer)
-    for i in range(6):
-        fake.add_job(f"j{i}", script=FAILED)
-        await store.add_job(f"j{i}", delay_s=0)
-    worker = make_worker()
+    fake.add_job("first", script=FAILED)
+    await store.add_job("first", delay_s=0)
     try:
-        await run_until(worker, lambda: worker.stats.finished == 6)
-        await until(deliverer, lambda: len(entered) == 1)
-        assert deliverer.stats.deliveries_done == 0  # every job polled while the hook hangs
+        worker = make_worker()
+        await run_until(worker, lambda: worker.stats.finished == 1)
+        assert await asyncio.to_thread(entered.wait, 10)  # the hook now hangs
+        for i in range(5):
+            fake.add_job(f"j{i}", script=FAILED)
+            await store.add_job(f"j{i}", delay_s=0)
+        worker = make_worker()
+        await run_until(worker, lambda: worker.stats.finished == 5)  # polled meanwhile
+        assert deliverer.stats.deliveries_done == 0 and not release.is_set()
     finally:
         release.set()
     await until(deliverer, lambda: deliverer.stats.deliveries_done == 6)
     await stopped(deliverer, task)
+
+
+async def test_the_heartbeat_keeps_a_long_delivery_from_being_taken_over(store, fake,
+                                                                         make_worker):
+    calls: list[str] = []
+
+    async def long_hook(job: Job) -> None:
+        calls.append(job.job_id)
+        await asyncio.sleep(2.0)  # more than three leases
+
+    one = make_deliverer(store, {"app:long": long_hook}, lease_s=0.6)
+    two = make_deliverer(store, {"app:long": long_hook}, lease_s=0.6)
+    tasks = [await started(one), await started(two)]
+    fake.add_job("j1", script=FAILED)
+    await store.add_job("j1", delay_s=0)
+    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await until(one, lambda: one.stats.deliveries_done + two.stats.deliveries_done == 1)
+    await stopped(one, tasks[0])
+    await stopped(two, tasks[1])
+    assert calls == ["j1"]
+    [d] = await store.job_deliveries("j1")
+    assert d["state"] == "done" and d["attempts"] == 1
+
+
+async def test_a_job_that_ends_again_during_its_hook_is_delivered_again(store, fake,
+                                                                        make_worker, db_url):
+    seen: list[tuple[str, str]] = []
+    gate = asyncio.Event()
+
+    async def hook(job: Job) -> None:
+        seen.append((job.job_id, job.state))
+        if len(seen) == 1:
+            await gate.wait()
+
+    deliverer = make_deliverer(store, {"app:h": hook})
+    task = await started(deliverer)
+    fake.add_job("j1", script=FAILED)
+    await store.add_job("j1", delay_s=0)
+    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await until(deliverer, lambda: len(seen) == 1)
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        # resumed by an operator, then final again, while the first run still goes on
+        await conn.execute("UPDATE video_jobs SET state = 'pending' WHERE job_id = 'j1'")
+        await conn.execute("UPDATE video_jobs SET state = 'canceled' WHERE job_id = 'j1'")
+    [d] = await store.job_deliveries("j1")
+    assert d["state"] == "pending"  # the running attempt keeps its lease:
+    assert await store.claim_deliveries("hook:app:h", 1, 5) == []  # no second run beside it
+    assert len(seen) == 1
+    gate.set()
+    await until(deliverer, lambda: len(seen) == 2)
+    await until(deliverer, lambda: deliverer.stats.deliveries_done == 2)
+    await stopped(deliverer, task)
+    assert seen == [("j1", "failed"), ("j1", "canceled")]
+
+
+async def test_retry_leaves_a_running_delivery_alone(store, fake, make_worker):
+    calls: list[int] = []
+    gate = asyncio.Event()
+
+    async def hook(job: Job) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("first try fails")
+        await gate.wait()
+
+    deliverer = make_deliverer(store, {"app:h": hook})
+    task = await started(deliverer)
+    fake.add_job("j1", script=FAILED)
+    await store.add_job("j1", delay_s=0)
+    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await until(deliverer, lambda: len(calls) == 2)  # the second try runs now
+    assert await store.retry_deliveries(job_id="j1") == []
+    gate.set()
+    await until(deliverer, lambda: deliverer.stats.deliveries_done == 1)
+    await stopped(deliverer, task)
+    assert len(calls) == 2
+
+
+async def test_an_async_hook_past_its_timeout_is_cancelled_and_retried(store, fake,
+                                                                       make_worker):
+    calls: list[str] = []
+
+    async def hook(job: Job) -> None:
+        calls.append(job.job_id)
+        if len(calls) == 1:
+            await asyncio.sleep(30)
+        elif len(calls) == 2:
+            raise TimeoutError("the CRM timed out")  # the hook's own, not ours
+
+    deliverer = make_deliverer(store, {"app:h": hook}, hook_timeout_s=0.3)
+    task = await started(deliverer)
+    fake.add_job("j1", script=FAILED)
+    await store.add_job("j1", delay_s=0)
+    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await until(deliverer, lambda: deliverer.stats.delivery_retries == 1)
+    [d] = await store.job_deliveries("j1")
+    assert d["last_error"] == "the hook ran longer than 0.3s"
+    await until(deliverer, lambda: deliverer.stats.delivery_retries == 2)
+    [d] = await store.job_deliveries("j1")
+    assert d["last_error"] == "TimeoutError: the CRM timed out"
+    await until(deliverer, lambda: deliverer.stats.deliveries_done == 1)
+    await stopped(deliverer, task)
+    assert calls == ["j1"] * 3
+
+
+async def test_a_delivery_whose_job_row_is_gone_never_blocks_the_others(store, fake,
+                                                                         make_worker, db_url):
+    ran: list[str] = []
+    deliverer = make_deliverer(store, {"app:h": lambda job: ran.append(job.job_id)},
+                               concurrency=1)
+    await deliverer.prepare()
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute("INSERT INTO vidpoll_deliveries (job_id, consumer, next_at) "
+                           "VALUES ('deleted-job', 'hook:app:h', now() - interval '1 hour')")
+    fake.add_job("j1", script=FAILED)
+    await store.add_job("j1", delay_s=0)
+    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    task = asyncio.create_task(deliverer.run())
+    await until(deliverer, lambda: ran == ["j1"])
+    await stopped(deliverer, task)
+    assert await store.next_delivery_due_in(["hook:app:h"]) is None
+
+
+async def test_an_unexpected_download_error_is_recorded_not_lost(store, downloader, db_url):
+    deliverer = make_deliverer(store, downloader=downloader)
+    await deliverer.prepare()
+    await store.add_job("j1", delay_s=60)
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE video_jobs SET state = 'completed', result_state = 'fetched', result = "
+            """'{"videos": [{"url": "http://127.0.0.1:99999/v.mp4?sig=SECRET"}]}' """
+            "WHERE job_id = 'j1'")
+    task = asyncio.create_task(deliverer.run())
+    await until(deliverer, lambda: deliverer.stats.delivery_retries == 1)
+    await stopped(deliverer, task)
+    [d] = await store.job_deliveries("j1")
+    assert d["state"] == "pending" and d["last_error"] and "SECRET" not in d["last_error"]
+
+
+async def test_a_delivery_that_never_reported_back_is_failed_not_run_again(store, db_url):
+    ran: list[str] = []
+    deliverer = make_deliverer(store, {"app:h": lambda job: ran.append(job.job_id)},
+                               max_attempts=3)
+    await deliverer.prepare()
+    await store.add_job("j1", delay_s=60)
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute("UPDATE video_jobs SET state = 'failed' WHERE job_id = 'j1'")
+        # three claims, each lost with its process (a hook that kills the worker)
+        await conn.execute("UPDATE vidpoll_deliveries SET attempts = 3 WHERE job_id = 'j1'")
+    task = asyncio.create_task(deliverer.run())
+    await until(deliverer, lambda: deliverer.stats.deliveries_failed == 1)
+    await stopped(deliverer, task)
+    assert ran == []
+    [d] = await store.job_deliveries("j1")
+    assert d["state"] == "failed" and "never reported back" in d["last_error"]
 
 
 async def test_a_hook_gets_the_downloaded_files(store, fake, fake_url, make_worker, downloader):
@@ -243,7 +404,8 @@ async def test_a_partial_longer_than_the_file_is_thrown_away(fake, fake_url, dow
     (folder / ".1-video.mp4.part").write_bytes(b"x" * (fake.config.media_bytes + 10))
     with pytest.raises(DownloadError, match="416"):
         await downloader.download("v1", [url])
-    assert list(folder.iterdir()) == []  # nothing published, the bad partial gone
+    # nothing published, the bad partial emptied
+    assert [(p.name, p.stat().st_size) for p in folder.iterdir()] == [(".1-video.mp4.part", 0)]
     [f] = await downloader.download("v1", [url])
     assert Path(f.path).read_bytes() == fake.media_content("v1", fake.config.media_bytes)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,19 +22,35 @@ SIGNED = "https://cdn.example.com/v/abc/clip.mp4?X-Amz-Signature=deadbeef&X-Amz-
 def test_media_urls_finds_url_fields_in_order_without_repeats():
     result = {"job_id": "j", "videos": [{"url": "https://a/1.mp4?sig=1"},
                                         {"url": "https://a/2.mp4"}],
+              "hd_video_url": "https://a/hd.mp4", "status_url": "https://api/status",
               "thumbnail_url": "https://a/t.jpg", "note": "https://not-a-field/x",
               "again": {"url": "https://a/1.mp4?sig=1"}, "bad": {"url": "ftp://a/x"},
               "n": {"url": 5}}
     assert media_urls(result) == ["https://a/1.mp4?sig=1", "https://a/2.mp4",
-                                  "https://a/t.jpg"]
+                                  "https://a/hd.mp4"]
+
+
+def _strings(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, str):
+        yield value
 
 
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
-                    lambda kids: st.lists(kids) | st.dictionaries(st.text(), kids),
-                    max_leaves=30))
-def test_media_urls_takes_any_json_and_returns_only_http_urls(body):
-    for url in media_urls(body):
-        assert url.lower().startswith(("http://", "https://"))
+                    lambda kids: st.lists(kids) | st.dictionaries(
+                        st.sampled_from(["url", "video_url", "status_url", "x"]) | st.text(),
+                        kids), max_leaves=30))
+def test_media_urls_takes_any_json_and_returns_only_its_own_http_urls(body):
+    found = media_urls(body)
+    assert len(set(found)) == len(found)
+    strings = set(_strings(body))
+    for url in found:
+        assert url in strings and url.lower().startswith(("http://", "https://"))
 
 
 def test_shown_url_drops_query_fragment_and_credentials():
@@ -71,7 +89,10 @@ def test_file_names_come_from_the_url_path_or_a_safe_default():
 
 
 @given(st.lists(st.text(), max_size=10))
-def test_file_names_are_distinct_plain_names(paths):
+def test_file_names_are_plain_names(paths):
     names = file_names([f"https://h/{p}" for p in paths])
-    assert len(set(names)) == len(names)
-    assert all("/" not in n and not n.startswith(".") for n in names)
+    assert len(names) == len(paths)
+    for i, name in enumerate(names, start=1):
+        prefix, _, rest = name.partition("-")
+        assert prefix == str(i) and rest and rest not in (".", "..")
+        assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", rest), name

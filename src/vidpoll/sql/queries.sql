@@ -615,14 +615,15 @@ RETURNING (xmax = 0) AS new;
 -- name: claim_deliveries
 -- Like claim_due, for one consumer's due deliveries; the lease is the schedule, the token the
 -- fence. A completed job's deliveries wait for its result (a fresh one after an expired link),
--- and hooks wait for the job's download, so a hook sees the files.
+-- and hooks wait for the job's download, so a hook sees the files. The job is joined inside
+-- the locking CTE, so a delivery whose job row is gone never takes a slot of the LIMIT.
 WITH due AS (
   SELECT d.job_id
   FROM vidpoll_deliveries d
+  JOIN video_jobs j ON j.job_id = d.job_id
   WHERE d.consumer = %(consumer)s AND d.state = 'pending'
     AND d.next_at <= coalesce(%(now)s::timestamptz, now())
-    AND NOT EXISTS (SELECT 1 FROM video_jobs j
-                    WHERE j.job_id = d.job_id AND j.result_state = 'pending')
+    AND j.result_state IS DISTINCT FROM 'pending'
     AND (d.consumer = 'download'
          OR NOT EXISTS (SELECT 1 FROM vidpoll_deliveries f
                         WHERE f.job_id = d.job_id AND f.consumer = 'download'
@@ -637,26 +638,29 @@ SET next_at = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
     attempts = d.attempts + 1
 FROM due, video_jobs j
 WHERE d.consumer = %(consumer)s AND d.job_id = due.job_id AND j.job_id = d.job_id
-RETURNING d.job_id, d.consumer, d.token, d.attempts, d.detail, j.state AS job_state,
-          j.account, j.provider_status, j.result, j.result_state, j.finished_at,
-          j.created_at, j.polls, j.idempotency_key,
+RETURNING d.job_id, d.consumer, d.token, d.attempts, d.generation, d.detail,
+          j.state AS job_state, j.account, j.provider_status, j.result, j.result_state,
+          j.finished_at, j.created_at, j.polls, j.idempotency_key,
           (SELECT f.detail FROM vidpoll_deliveries f
            WHERE f.job_id = d.job_id AND f.consumer = 'download' AND f.state = 'done') AS files;
 
 -- name: record_delivery
 -- One attempt's outcome, fenced on its token: done (with what was written), pending (retry
--- after delay_s, the error kept) or failed (gave up; `deliveries retry` re-queues it). With
--- refresh_result, the job's result is fetched again first (a media link expired), in the same
--- statement, so the retry waits for a fresh link.
+-- after delay_s, the error kept) or failed (gave up; `deliveries retry` re-queues it). If the
+-- job ended again while this attempt ran (generation moved on), the delivery is due again at
+-- once for the new state instead. With refresh_result, the job's result is fetched again first
+-- (a media link expired), in the same statement, so the retry waits for a fresh link.
 WITH d AS (
   UPDATE vidpoll_deliveries
-  SET state = %(state)s,
-      next_at = CASE WHEN %(state)s = 'pending'
+  SET state = CASE WHEN generation <> %(generation)s THEN 'pending' ELSE %(state)s END,
+      next_at = CASE WHEN generation <> %(generation)s THEN clock_timestamp()
+                     WHEN %(state)s = 'pending'
                      THEN clock_timestamp() + make_interval(secs => %(delay_s)s::float8)
                      ELSE next_at END,
-      last_error = %(error)s,
+      last_error = CASE WHEN generation <> %(generation)s THEN NULL ELSE %(error)s END,
       detail = coalesce(%(detail)s, detail),
-      done_at = CASE WHEN %(state)s = 'done' THEN now() ELSE NULL END,
+      done_at = CASE WHEN %(state)s = 'done' AND generation = %(generation)s THEN now()
+                     ELSE NULL END,
       token = NULL
   WHERE job_id = %(job_id)s AND consumer = %(consumer)s AND token = %(token)s
     AND state = 'pending'
@@ -675,9 +679,9 @@ SELECT job_id FROM d;
 -- The same gates as claim_deliveries, so a delivery waiting for its result is not "due".
 SELECT extract(epoch FROM min(d.next_at) - now())::float8 AS next_due_in_s
 FROM vidpoll_deliveries d
+JOIN video_jobs j ON j.job_id = d.job_id
 WHERE d.consumer = ANY(%(consumers)s::text[]) AND d.state = 'pending'
-  AND NOT EXISTS (SELECT 1 FROM video_jobs j
-                  WHERE j.job_id = d.job_id AND j.result_state = 'pending')
+  AND j.result_state IS DISTINCT FROM 'pending'
   AND (d.consumer = 'download'
        OR NOT EXISTS (SELECT 1 FROM vidpoll_deliveries f
                       WHERE f.job_id = d.job_id AND f.consumer = 'download'
@@ -699,11 +703,19 @@ FROM vidpoll_deliveries WHERE job_id = %(job_id)s ORDER BY consumer;
 
 -- name: delivery_counts
 -- Deliveries by consumer and state, and the oldest undone one, for `deliveries list`.
+-- `waiting`: pending, but blocked on the job's result fetch or its download.
 SELECT c.name AS consumer, c.last_seen_at,
        count(d.*) FILTER (WHERE d.state = 'pending') AS pending,
        count(d.*) FILTER (WHERE d.state = 'done') AS done,
        count(d.*) FILTER (WHERE d.state = 'failed') AS failed,
-       count(d.*) FILTER (WHERE d.state = 'pending' AND d.attempts > 0) AS retrying,
+       count(d.*) FILTER (WHERE d.state = 'pending' AND d.last_error IS NOT NULL) AS retrying,
+       count(d.*) FILTER (WHERE d.state = 'pending' AND (
+         EXISTS (SELECT 1 FROM video_jobs j
+                 WHERE j.job_id = d.job_id AND j.result_state = 'pending')
+         OR (d.consumer <> 'download' AND EXISTS (
+               SELECT 1 FROM vidpoll_deliveries f
+               WHERE f.job_id = d.job_id AND f.consumer = 'download'
+                 AND f.state = 'pending')))) AS waiting,
        min(d.created_at) FILTER (WHERE d.state = 'pending') AS oldest_pending
 FROM vidpoll_consumers c
 LEFT JOIN vidpoll_deliveries d ON d.consumer = c.name
@@ -720,13 +732,18 @@ ORDER BY next_at DESC
 LIMIT %(limit)s;
 
 -- name: retry_deliveries
--- `deliveries retry`: failed (or backing-off) deliveries due now, their tries reset.
-UPDATE vidpoll_deliveries
-SET state = 'pending', next_at = now(), attempts = 0, token = NULL
-WHERE (state = 'failed' OR (state = 'pending' AND last_error IS NOT NULL))
-  AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s)
-  AND (%(job_id)s::text IS NULL OR job_id = %(job_id)s)
-RETURNING job_id, consumer;
+-- `deliveries retry`: failed (or backing-off) deliveries due now, their tries reset. One
+-- running right now (leased: a token and a lease not yet over) is left alone.
+WITH r AS (
+  UPDATE vidpoll_deliveries
+  SET state = 'pending', next_at = now(), attempts = 0, token = NULL, last_error = NULL
+  WHERE (state = 'failed' OR (state = 'pending' AND last_error IS NOT NULL))
+    AND (token IS NULL OR next_at <= now())
+    AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s)
+    AND (%(job_id)s::text IS NULL OR job_id = %(job_id)s)
+  RETURNING job_id, consumer
+)
+SELECT r.*, pg_notify('vidpoll_job_done', r.job_id) IS NULL AS notified FROM r;
 
 -- name: forget_consumer
 -- `deliveries forget NAME`: a hook that no longer exists stops collecting deliveries; its

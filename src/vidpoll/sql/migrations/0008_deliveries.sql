@@ -18,6 +18,9 @@ CREATE TABLE IF NOT EXISTS vidpoll_deliveries (
   next_at    timestamptz NOT NULL DEFAULT now(),
   token      uuid,
   attempts   integer NOT NULL DEFAULT 0,
+  -- bumped when the job ends again (resumed, then final again) while this delivery may be
+  -- running: that run's "done" then re-queues it for the new state instead of closing it
+  generation integer NOT NULL DEFAULT 0,
   last_error text,
   detail     jsonb,                              -- download: the files written
   created_at timestamptz NOT NULL DEFAULT now(),
@@ -35,10 +38,14 @@ BEGIN
   INSERT INTO vidpoll_deliveries (job_id, consumer)
   SELECT NEW.job_id, c.name FROM vidpoll_consumers c
   WHERE c.name <> 'download' OR NEW.state = 'completed'
-  -- a job that ends again (resumed after giving up) is delivered again, with its new state
+  -- a job that ends again (resumed after giving up) is delivered again, with its new state;
+  -- a run in progress keeps its lease (and token), its outcome is re-queued by generation
   ON CONFLICT (job_id, consumer) DO UPDATE
-    SET state = 'pending', next_at = now(), token = NULL, attempts = 0, last_error = NULL,
-        done_at = NULL;
+    SET state = 'pending', attempts = 0, last_error = NULL, done_at = NULL,
+        generation = vidpoll_deliveries.generation + 1,
+        next_at = CASE WHEN vidpoll_deliveries.token IS NULL
+                         OR vidpoll_deliveries.state <> 'pending'
+                       THEN now() ELSE vidpoll_deliveries.next_at END;
   RETURN NULL;
 END
 $$;
@@ -68,3 +75,20 @@ CREATE TRIGGER vidpoll_jobs_result_requeued
   WHEN (OLD.result_state IS DISTINCT FROM 'pending' AND NEW.result_state = 'pending'
         AND OLD.state <> 'pending')
   EXECUTE FUNCTION vidpoll_notify_jobs();
+
+-- A download finished (or was given up): the job's hooks, which wait for it, may run now,
+-- in whichever process runs them.
+CREATE OR REPLACE FUNCTION vidpoll_notify_delivery() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_notify('vidpoll_job_done', NEW.job_id);
+  RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS vidpoll_download_settled ON vidpoll_deliveries;
+CREATE TRIGGER vidpoll_download_settled
+  AFTER UPDATE OF state ON vidpoll_deliveries
+  FOR EACH ROW
+  WHEN (NEW.consumer = 'download' AND OLD.state = 'pending' AND NEW.state <> 'pending')
+  EXECUTE FUNCTION vidpoll_notify_delivery();
