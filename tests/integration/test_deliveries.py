@@ -458,3 +458,17 @@ async def result_link(fake_url: str, job_id: str) -> str:
     async with SumeClient(fake_url, API_KEY) as client:
         answer = await client.read_result(job_id)
     return str(json.loads(answer.body)["videos"][0]["url"])
+
+
+async def test_a_partial_that_is_already_complete_is_published_not_redone(fake, fake_url,
+                                                                          downloader):
+    fake.add_job("v1", script=DONE)
+    url = await result_link(fake_url, "v1")
+    content = fake.media_content("v1", fake.config.media_bytes)
+    folder = downloader.directory / "v1"
+    folder.mkdir(parents=True)
+    (folder / ".1-video.mp4.part").write_bytes(content)  # killed between fsync and rename
+    [f] = await downloader.download("v1", [url])
+    assert fake.media_log[-1][1] == 416  # nothing left to send
+    assert Path(f.path).read_bytes() == content and f.sha256 == media_sha(fake, "v1")
+    assert [p.name for p in folder.iterdir()] == ["1-video.mp4"]
