@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import shutil
 import time
 import uuid
+from pathlib import Path
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -12,6 +16,8 @@ from rich.panel import Panel
 from rich.table import Table
 
 from vidpoll.config import Settings
+from vidpoll.deliver import Deliverer, DeliveryConfig
+from vidpoll.download import Downloader
 from vidpoll.embedded import start_embedded
 from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.models import ClaimMode
@@ -38,12 +44,13 @@ def _fake_config() -> FakeConfig:
                       malformed=0.02, html=0.02, hang=0.01, hang_s=6.0, not_found_for_s=1.0,
                       uppercase=True, create_lose_reply=0.08, create_5xx_billed=0.08,
                       create_fail_5xx=0.05, create_rate_429=0.05, max_concurrent=MAX_ACTIVE,
-                      read_rate_per_s=READS_PER_S, read_burst=2 * READS_PER_S, seed=7)
+                      read_rate_per_s=READS_PER_S, read_burst=2 * READS_PER_S,
+                      media_bytes=512 * 1024, media_expired_first=3, seed=7)
 
 
 def _view(counts: dict[str, int], intents: dict[str, int], backlog: tuple[int, float],
           workers: list[Worker], submitters: list[Submitter], fake: FakeSume, started: float,
-          n_jobs: int) -> Group:
+          n_jobs: int, deliverer: Deliverer) -> Group:
     elapsed = time.monotonic() - started
     states = Table(title="video_jobs by state", expand=False)
     states.add_column("state")
@@ -75,7 +82,9 @@ def _view(counts: dict[str, int], intents: dict[str, int], backlog: tuple[int, f
             f"renders running at Sume: {fake.running()} (cap {MAX_ACTIVE})\n"
             f"due now: {backlog[0]} rows, the oldest late by {backlog[1]:.1f}s · fleet budget "
             f"{READS_PER_S:g} reads/s (Sume's limit too): "
-            f"{sum(1 for _, _, st in fake.read_log if st == 429)} answered 429")
+            f"{sum(1 for _, _, st in fake.read_log if st == 429)} answered 429\n"
+            f"videos downloaded: {deliverer.stats.deliveries_done} (temp file, fsync, rename; "
+            f"expired links refreshed: {sum(1 for _, st, *_ in fake.media_log if st == 403)})")
     return Group(Panel(head, title="vidpoll demo"), states, sent, per)
 
 
@@ -86,6 +95,8 @@ async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
     admin_url = start_embedded(settings.home, database="postgres")
     drop_database(admin_url, DEMO_DATABASE)
     url = start_embedded(settings.home, database=DEMO_DATABASE)
+    videos = settings.home / "demo-videos"
+    shutil.rmtree(videos, ignore_errors=True)
     console.print(f"migrations applied: {', '.join(await migrate(url))}")
     fake = FakeSume(_fake_config())
     runner, base_url = await start_fake(fake)
@@ -99,7 +110,9 @@ async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
             await store.add_intent(f"demo-{uuid.uuid4()}", {"prompt": f"a lighthouse, take {i}"})
         console.print(f"recorded {n_jobs} submission intents (each with its own Idempotency-Key)"
                       f"; workers send them, at most {MAX_ACTIVE} renders at once")
-        async with SumeClient(base_url, DEMO_KEY, timeout_s=3.0) as client:
+        async with contextlib.AsyncExitStack() as stack:
+            client = await stack.enter_async_context(
+                SumeClient(base_url, DEMO_KEY, timeout_s=3.0))
             policy = PollPolicy(backoff_base_s=1.0, backoff_max_s=8.0)
             workers = [Worker(store, client, WorkerConfig(
                 concurrency=10, drain=True, drain_waits_for_intents=True, lease_s=8.0,
@@ -113,17 +126,29 @@ async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
                 first_poll_s=1.0, drain=True, worker_id=f"demo-{i + 1}", policy=policy))
                 for i in range(n_workers)]
             parts: list[Worker | Submitter] = [*workers, *submitters]
-            tasks = [asyncio.create_task(p.run()) for p in parts]
+            downloader = await stack.enter_async_context(Downloader(videos))
+            deliverer = Deliverer(store, DeliveryConfig(drain=True, policy=policy,
+                                                        worker_id="demo-downloads"),
+                                  downloader)
+            await deliverer.prepare()
+            polling = [asyncio.create_task(p.run()) for p in parts]
+
+            async def polled() -> None:  # the downloads' drain may end only after this
+                await asyncio.gather(*polling)
+                deliverer.producers_done.set()
+
+            tasks = [*polling, asyncio.create_task(deliverer.run()),
+                     asyncio.create_task(polled())]
 
             async def view() -> Group:
                 return _view(await store.counts(), await store.intent_counts(),
                              await store.backlog(), workers,
-                             submitters, fake, started, n_jobs)
+                             submitters, fake, started, n_jobs, deliverer)
 
             with Live(console=console, refresh_per_second=4) as live:
                 while not all(t.done() for t in tasks):
                     if time.monotonic() - started > TIME_LIMIT_S:
-                        for p in parts:
+                        for p in [*parts, deliverer]:
                             p.stop()
                     live.update(await view())
                     await asyncio.wait(tasks, timeout=0.25)
@@ -131,10 +156,32 @@ async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
             for task in tasks:
                 task.result()
         counts = await store.counts()
+        downloaded = await _check_downloads(store, fake)
     finally:
         await store.close()
         await runner.cleanup()
     _summary(console, counts, workers, fake, started, n_jobs)
+    console.print(f"{downloaded} videos downloaded to {videos}, each checked against the "
+                  f"fake's sha256 (links refreshed after expiring: "
+                  f"{sum(1 for _, st, *_ in fake.media_log if st == 403)})")
+
+
+async def _check_downloads(store: PgStore, fake: FakeSume) -> int:
+    """Every completed job's file is on disk, whole: raises otherwise."""
+    downloaded = 0
+    for job_id, job in fake.jobs.items():
+        if job.outcome != "completed":
+            continue
+        tracked = await store.job(job_id)
+        if tracked is None or len(tracked.files) != 1:
+            raise SystemExit(f"job {job_id} completed but its video was not downloaded")
+        [f] = tracked.files
+        data = await asyncio.to_thread(Path(f.path).read_bytes)
+        if hashlib.sha256(data).hexdigest() != f.sha256 or data != fake.media_content(
+                job_id, fake.config.media_bytes):
+            raise SystemExit(f"job {job_id}: the file on disk is not the video served")
+        downloaded += 1
+    return downloaded
 
 
 def _summary(console: Console, counts: dict[str, int], workers: list[Worker], fake: FakeSume,
