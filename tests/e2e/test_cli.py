@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -110,6 +111,9 @@ def test_demo_runs_to_completion(new_user_env):
     summary = " ".join(result.stdout.split())
     assert "overlapping reads of one job seen by the fake: 0" in summary
     assert "renders billed: 12 for 12 intents (keys billed twice: 0)" in summary
+    # every completed job's video is on disk and whole (the demo exits non-zero otherwise)
+    assert re.search(r"\d+ videos downloaded to .*demo-videos, each checked against the "
+                     r"fake's sha256 \(links refreshed after expiring: 3\)", summary), summary
 
 
 def test_dead_database_url_is_a_clear_error(new_user_env):
