@@ -57,6 +57,15 @@ def media_sha(fake: Any, job_id: str) -> str:
     return hashlib.sha256(fake.media_content(job_id, fake.config.media_bytes)).hexdigest()
 
 
+async def end_jobs(store: PgStore, fake: Any, make_worker: Callable[..., Any],
+                   script: list[dict[str, Any]], *job_ids: str) -> None:
+    """Let the fake end these jobs as `script` says and a draining worker record it."""
+    for job_id in job_ids:
+        fake.add_job(job_id, script=script)
+        await store.add_job(job_id, delay_s=0)
+    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+
+
 async def until(deliverer: Deliverer, predicate: Callable[[], bool], within_s: float = 10
                 ) -> None:
     await deliverer.signals.wait_for(predicate, within_s)
@@ -86,9 +95,7 @@ async def test_a_hook_runs_for_each_finished_job_after_its_result(store, fake, m
 
 async def test_a_job_that_ended_before_the_hook_existed_gets_no_delivery(store, fake,
                                                                         make_worker):
-    fake.add_job("old", script=FAILED)
-    await store.add_job("old", delay_s=0)
-    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await end_jobs(store, fake, make_worker, FAILED, "old")
     ran: list[str] = []
     deliverer = make_deliverer(store, {"app:done": lambda job: ran.append(job.job_id)},
                                drain=True)
@@ -108,9 +115,7 @@ async def test_a_hook_that_raises_is_retried_with_backoff_and_eventually_runs(
 
     deliverer = make_deliverer(store, {"app:flaky": flaky})
     task = await started(deliverer)
-    fake.add_job("j1", script=FAILED)
-    await store.add_job("j1", delay_s=0)
-    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await end_jobs(store, fake, make_worker, FAILED, "j1")
     await until(deliverer, lambda: deliverer.stats.deliveries_done == 1)
     await stopped(deliverer, task)
     assert calls == ["j1", "j1", "j1"]
@@ -125,9 +130,7 @@ async def test_a_hook_that_keeps_failing_is_marked_failed_visibly_and_can_be_ret
 
     deliverer = make_deliverer(store, {"app:broken": broken}, max_attempts=2)
     task = await started(deliverer)
-    fake.add_job("j1", script=FAILED)
-    await store.add_job("j1", delay_s=0)
-    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await end_jobs(store, fake, make_worker, FAILED, "j1")
     await until(deliverer, lambda: deliverer.stats.deliveries_failed == 1)
     await stopped(deliverer, task)
     assert deliverer.stats.delivery_retries == 1
@@ -182,9 +185,7 @@ async def test_the_heartbeat_keeps_a_long_delivery_from_being_taken_over(store, 
     one = make_deliverer(store, {"app:long": long_hook}, lease_s=0.6)
     two = make_deliverer(store, {"app:long": long_hook}, lease_s=0.6)
     tasks = [await started(one), await started(two)]
-    fake.add_job("j1", script=FAILED)
-    await store.add_job("j1", delay_s=0)
-    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await end_jobs(store, fake, make_worker, FAILED, "j1")
     await until(one, lambda: one.stats.deliveries_done + two.stats.deliveries_done == 1)
     await stopped(one, tasks[0])
     await stopped(two, tasks[1])
@@ -205,9 +206,7 @@ async def test_a_job_that_ends_again_during_its_hook_is_delivered_again(store, f
 
     deliverer = make_deliverer(store, {"app:h": hook})
     task = await started(deliverer)
-    fake.add_job("j1", script=FAILED)
-    await store.add_job("j1", delay_s=0)
-    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await end_jobs(store, fake, make_worker, FAILED, "j1")
     await until(deliverer, lambda: len(seen) == 1)
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         # resumed by an operator, then final again, while the first run still goes on
@@ -236,9 +235,7 @@ async def test_retry_leaves_a_running_delivery_alone(store, fake, make_worker):
 
     deliverer = make_deliverer(store, {"app:h": hook})
     task = await started(deliverer)
-    fake.add_job("j1", script=FAILED)
-    await store.add_job("j1", delay_s=0)
-    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await end_jobs(store, fake, make_worker, FAILED, "j1")
     await until(deliverer, lambda: len(calls) == 2)  # the second try runs now
     assert await store.retry_deliveries(job_id="j1") == []
     gate.set()
@@ -260,9 +257,7 @@ async def test_an_async_hook_past_its_timeout_is_cancelled_and_retried(store, fa
 
     deliverer = make_deliverer(store, {"app:h": hook}, hook_timeout_s=0.3)
     task = await started(deliverer)
-    fake.add_job("j1", script=FAILED)
-    await store.add_job("j1", delay_s=0)
-    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await end_jobs(store, fake, make_worker, FAILED, "j1")
     await until(deliverer, lambda: deliverer.stats.delivery_retries == 1)
     [d] = await store.job_deliveries("j1")
     assert d["last_error"] == "the hook ran longer than 0.3s"
@@ -283,9 +278,7 @@ async def test_a_delivery_whose_job_row_is_gone_never_blocks_the_others(store, f
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await conn.execute("INSERT INTO vidpoll_deliveries (job_id, consumer, next_at) "
                            "VALUES ('deleted-job', 'hook:app:h', now() - interval '1 hour')")
-    fake.add_job("j1", script=FAILED)
-    await store.add_job("j1", delay_s=0)
-    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await end_jobs(store, fake, make_worker, FAILED, "j1")
     task = asyncio.create_task(deliverer.run())
     await until(deliverer, lambda: ran == ["j1"])
     await stopped(deliverer, task)
@@ -330,9 +323,7 @@ async def test_a_hook_gets_the_downloaded_files(store, fake, fake_url, make_work
     seen: list[Job] = []
     deliverer = make_deliverer(store, {"app:done": seen.append}, downloader)
     task = await started(deliverer)
-    fake.add_job("v1", script=DONE)
-    await store.add_job("v1", delay_s=0)
-    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await end_jobs(store, fake, make_worker, DONE, "v1")
     await until(deliverer, lambda: len(seen) == 1)
     await stopped(deliverer, task)
     [job] = seen
@@ -418,9 +409,7 @@ async def test_a_full_disk_keeps_the_job_not_downloaded_with_a_clear_error(
     part.symlink_to("/dev/full")  # every write to it fails with ENOSPC, as on a full disk
     deliverer = make_deliverer(store, downloader=downloader)
     task = await started(deliverer)
-    fake.add_job("v1", script=DONE)
-    await store.add_job("v1", delay_s=0)
-    await asyncio.wait_for(make_worker(drain=True).run(), 10)
+    await end_jobs(store, fake, make_worker, DONE, "v1")
     await until(deliverer, lambda: deliverer.stats.delivery_retries >= 1)
     [d] = await store.job_deliveries("v1")
     assert d["state"] == "pending" and "the disk is full" in d["last_error"]

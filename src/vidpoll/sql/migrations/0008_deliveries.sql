@@ -77,18 +77,10 @@ CREATE TRIGGER vidpoll_jobs_result_requeued
   EXECUTE FUNCTION vidpoll_notify_jobs();
 
 -- A download finished (or was given up): the job's hooks, which wait for it, may run now,
--- in whichever process runs them.
-CREATE OR REPLACE FUNCTION vidpoll_notify_delivery() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  PERFORM pg_notify('vidpoll_job_done', NEW.job_id);
-  RETURN NULL;
-END
-$$;
-
+-- in whichever process runs them (the same notice as "job done", with the job id).
 DROP TRIGGER IF EXISTS vidpoll_download_settled ON vidpoll_deliveries;
 CREATE TRIGGER vidpoll_download_settled
   AFTER UPDATE OF state ON vidpoll_deliveries
   FOR EACH ROW
   WHEN (NEW.consumer = 'download' AND OLD.state = 'pending' AND NEW.state <> 'pending')
-  EXECUTE FUNCTION vidpoll_notify_delivery();
+  EXECUTE FUNCTION vidpoll_notify_job_done();
