@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -16,6 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
+from vidpoll import logs
 from vidpoll.api import Submission, Vidpoll
 from vidpoll.bulk import BadLine, KeyDeriver, parse_param
 from vidpoll.config import DEFAULT_LEASE_MARGIN_S, Settings
@@ -93,17 +93,16 @@ def _on_store(use: Callable[[PgStore], Awaitable[T]]) -> T:
 @click.group()
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def main(log_level: str) -> None:
+@click.option("--log-format", default="text", show_default=True, envvar="VIDPOLL_LOG_FORMAT",
+              type=click.Choice(["text", "json"]),
+              help="One line per event; json: one object per line. Secrets and signed URL "
+                   "query strings are redacted either way.")
+def main(log_level: str, log_format: str) -> None:
     """Track paid AI video jobs in one Postgres table and poll them with any number of workers.
 
     Uses DATABASE_URL, or an embedded PostgreSQL under VIDPOLL_HOME when it is unset.
     """
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # aiohttp's access log is noise; the pool's reconnect warnings repeat what the worker's
-    # own "database unavailable ... reachable again" lines say once.
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+    logs.setup(log_level, log_format)
 
 
 @main.command("migrate")

@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from vidpoll import metrics
 from vidpoll.errors import ConfigError, DatabaseUnavailable, DiskError, DownloadError, UrlExpired
+from vidpoll.logs import event
 from vidpoll.media import MAX_MEDIA_URLS, media_urls, redact_urls
 from vidpoll.models import (
     COMPLETED,
@@ -310,7 +312,10 @@ class Deliverer(Runner):
             if attempt.cancelled():
                 return  # stopping: the lease ends and the delivery is due again
             outcome = attempt.result()
-            if not await self.store.record_delivery(outcome):
+            landed = await self.store.record_delivery(outcome)
+            metrics.DELIVERIES.labels(claim.consumer,
+                                      outcome.state if landed else "fenced_out").inc()
+            if not landed:
                 log.warning("job %s: %s outcome dropped, another worker owns it now",
                             job_id, claim.consumer)
             elif outcome.state == "done":
@@ -389,7 +394,9 @@ class Deliverer(Runner):
             return self._hook_failed(claim, name, exc)
         except Exception as exc:
             return self._hook_failed(claim, name, exc)
-        log.info("job %s: hook %s done (%s)", job.job_id, name, job.state)
+        log.info("job %s: hook %s done (%s)", job.job_id, name, job.state,
+                 extra=event(job_id=job.job_id, account=job.account, consumer=claim.consumer,
+                             outcome="done"))
         return self._outcome(claim, "done")
 
     def _hook_failed(self, claim: ClaimedDelivery, name: str, exc: Exception
@@ -425,7 +432,9 @@ class Deliverer(Runner):
         except DownloadError as exc:
             return self._retry(claim, str(exc))
         log.info("job %s: downloaded %d file(s), %d bytes", job.job_id, len(files),
-                 sum(f.size for f in files))
+                 sum(f.size for f in files),
+                 extra=event(job_id=job.job_id, account=job.account, consumer=DOWNLOAD,
+                             outcome="done"))
         detail = {"files": [{"path": f.path, "size": f.size, "sha256": f.sha256,
                              "url": f.url} for f in files]}
         return self._outcome(claim, "done", detail=detail)

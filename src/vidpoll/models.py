@@ -177,6 +177,7 @@ class Outcome:
     provider_status: str | None = None
     body: dict[str, Any] | None = None
     request_id: str | None = None
+    account: str = DEFAULT_ACCOUNT
 
     @property
     def is_final(self) -> bool:

@@ -247,7 +247,8 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
             state = GAVE_UP
         return Outcome(job.job_id, job.claim_token, state, delay_s, read_ok=False,
                        http_status=status, error_class=cls,
-                       error=_error_text(body, answer, what), body=body, request_id=request_id)
+                       error=_error_text(body, answer, what), body=body, request_id=request_id,
+                       account=job.account)
 
     if answer.transport_error is not None:
         return error(answer.transport_error, answer.transport_error.value)
@@ -287,12 +288,12 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
             return error(ErrorClass.MALFORMED, "terminal answer without a usable 'sume_status'")
         return Outcome(job.job_id, job.claim_token, provider_status[:64], 0.0, read_ok=True,
                        http_status=status, provider_status=provider_status, body=body,
-                       request_id=request_id)
+                       request_id=request_id, account=job.account)
     state = GAVE_UP if _age_s(job, now) >= policy.max_age_s else PENDING
     return Outcome(job.job_id, job.claim_token, state,
                    next_poll_delay(body.get("next_poll_after_seconds"), policy), read_ok=True,
                    http_status=status, provider_status=provider_status, body=body,
-                   request_id=request_id)
+                   request_id=request_id, account=job.account)
 
 
 def auth_pause_delay(failures: int, policy: PollPolicy, rng: random.Random) -> float:

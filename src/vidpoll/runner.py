@@ -12,8 +12,12 @@ import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any, Protocol
 
+from vidpoll import metrics
 from vidpoll.config import key_variable
+from vidpoll.errors import DatabaseUnavailable
+from vidpoll.metrics import Minutes
 from vidpoll.models import Notice
 from vidpoll.policy import AuthPause, PollPolicy, auth_pause_delay, backoff_delay
 
@@ -22,6 +26,21 @@ log = logging.getLogger(__name__)
 IDLE_MAX_S = 30.0
 """An idle loop checks the table at least this often even if no NOTIFY arrives."""
 DB_BACKOFF_MAX_S = 30.0
+MINUTES_FLUSH_S = 10.0
+"""How often a loop adds its per-minute counters to vidpoll_minutes (one statement)."""
+
+
+class MinutesStore(Protocol):
+    """Where the per-minute counters go."""
+
+    async def add_minutes(self, rows: Sequence[Any]) -> None:
+        """Add counters to their minutes."""
+
+    async def forget_old_minutes(self) -> None:
+        """Delete counters older than a week."""
+
+    async def due_backlog_sample(self) -> tuple[int, float]:
+        """(rows due now, seconds the oldest is late)."""
 
 
 def default_worker_id() -> str:
@@ -64,6 +83,9 @@ class Runner:
         # a refused key pauses its own account only: 401/403s in a row, and paused until when
         self._auth_failures: dict[str, int] = {}
         self._paused_until: dict[str, float] = {}
+        self.minutes = Minutes()
+        """Counters per minute, flushed to vidpoll_minutes by _minutes_flusher."""
+        self._sampled_minute: datetime | None = None
 
     def stop(self) -> None:
         """Stop claiming; work in flight finishes and is recorded, then run() returns."""
@@ -119,6 +141,32 @@ class Runner:
 
     def _notifications(self) -> AsyncIterator[Notice]:
         raise NotImplementedError
+
+    # -- counters over time -----------------------------------------------------------------
+    async def _minutes_flusher(self, store: MinutesStore, sample_backlog: bool) -> None:
+        """Flush the counters every MINUTES_FLUSH_S until cancelled (the owner flushes once
+        more after its last task); once a minute, sample the due backlog too."""
+        while True:
+            await asyncio.sleep(MINUTES_FLUSH_S)
+            await self._flush_minutes(store, sample_backlog)
+
+    async def _flush_minutes(self, store: MinutesStore, sample_backlog: bool = False) -> None:
+        """One flush; on an outage the counters are kept for the next one."""
+        now = self._clock()
+        minute = now.replace(second=0, microsecond=0)
+        rows = self.minutes.drain()
+        try:
+            if sample_backlog and minute != self._sampled_minute:
+                due, oldest_s = await store.due_backlog_sample()
+                metrics.DUE.set(due)
+                metrics.OLDEST_DUE.set(oldest_s)
+                rows.append(((minute, "backlog", "*", "due"), due, oldest_s, oldest_s))
+                if self._sampled_minute is not None:
+                    await store.forget_old_minutes()
+                self._sampled_minute = minute
+            await store.add_minutes(rows)
+        except DatabaseUnavailable:
+            self.minutes.restore([r for r in rows if r[0][1] != "backlog"])
 
     async def _listener(self) -> None:
         """Turns NOTIFYs into wake-ups; reconnects with backoff. Only a hint."""

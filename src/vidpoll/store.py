@@ -18,6 +18,7 @@ from vidpoll.errors import DatabaseUnavailable, KeyConflict, SchemaError
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
     DOWNLOAD,
+    PENDING,
     QUEUED,
     REJECTED,
     SUBMITTED,
@@ -496,6 +497,85 @@ class PgStore:
                     yield Notice(note.channel, note.payload)
             finally:
                 await conn.close()
+
+    # -- operations (0009) ----------------------------------------------------------------
+    async def add_minutes(self, rows: Sequence[tuple[tuple[datetime, str, str, str], int,
+                                                      float, float]]) -> None:
+        """Add per-minute counters ((minute, kind, account, outcome), n, late sum, late max)."""
+        if not rows:
+            return
+        await self._execute("add_minutes", {
+            "minutes": [k[0] for k, *_ in rows], "kinds": [k[1] for k, *_ in rows],
+            "accounts": [k[2] for k, *_ in rows], "outcomes": [k[3] for k, *_ in rows],
+            "ns": [r[1] for r in rows], "late_sums": [r[2] for r in rows],
+            "late_maxes": [r[3] for r in rows]})
+
+    async def forget_old_minutes(self) -> None:
+        """Delete counters older than a week."""
+        await self._execute("forget_old_minutes", {})
+
+    async def due_backlog_sample(self) -> tuple[int, float]:
+        """(rows due now, counted up to 100,000; seconds the oldest pending row is late)."""
+        row = await self._one("due_backlog_sample", {})
+        assert row is not None
+        return int(row["due"]), max(0.0, float(row["oldest_late_s"]))
+
+    async def minutes_since(self, minutes: int) -> list[dict[str, Any]]:
+        """Counters of the last `minutes` minutes, summed over accounts."""
+        return await self._all("minutes_since", {"minutes": minutes})
+
+    async def list_jobs(self, state: str | None = None, account: str | None = None,
+                        limit: int = 50, after: tuple[datetime | None, str] | None = None
+                        ) -> list[dict[str, Any]]:
+        """One page of rows: pending in due order, finished newest first, or all by id; `after`
+        is the (time, job id) of the previous page's last row (keyset paging)."""
+        after_at, after_id = after if after is not None else (None, None)
+        params = {"state": state if state not in (None, "pending", "finished") else None,
+                  "account": account, "limit": limit, "after_at": after_at,
+                  "after_id": after_id}
+        if state == PENDING:
+            return await self._all("list_pending", params)
+        if state is not None:
+            return await self._all("list_finished", params)
+        return await self._all("list_all", params)
+
+    async def poll_now(self, job_id: str) -> bool | None:
+        """Make a pending job due now; None if no pending row, else whether it was idle (a
+        row being read now is read again as soon as that read is recorded)."""
+        row = await self._one("poll_now", {"job_id": job_id})
+        return None if row is None else bool(row["made_due"])
+
+    async def prune_finished(self, before: datetime, batch: int = 5000) -> int:
+        """Move one batch of rows finished before `before` to video_jobs_archive."""
+        return len(await self._all("prune_finished", {"before": before, "batch": batch}))
+
+    async def get_archived_job(self, job_id: str) -> dict[str, Any] | None:
+        """An archived row, or None."""
+        return await self._one("get_archived_job", {"job_id": job_id})
+
+    async def recent_errors(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest error events of the history."""
+        return await self._all("recent_errors", {"limit": limit})
+
+    async def stuck_claims(self) -> list[dict[str, Any]]:
+        """Per worker: claims whose lease ended over a minute ago without a record."""
+        return await self._all("stuck_claims", {})
+
+    async def doctor(self) -> dict[str, Any]:
+        """Everything `vidpoll doctor` looks at, in one place."""
+        async with _translate_errors(), self._pool.connection() as conn:
+            cur = await conn.execute("EXPLAIN (FORMAT JSON) " + _q("claim_due"), {
+                "limit": 100, "lease_s": 25.0, "worker_id": "doctor", "now": None,
+                "account": DEFAULT_ACCOUNT})
+            row = await cur.fetchone()
+            plan = row[0] if row else []
+        return {"schema_version": await self.schema_version(),
+                "claim_plan": plan,
+                "tables": await self._all("doctor_tables", {}),
+                "indexes": await self._all("doctor_hot_indexes", {}),
+                "xmin": await self._all("doctor_xmin", {}),
+                "connections": await self._one("doctor_connections", {}),
+                "stuck_claims": await self.stuck_claims()}
 
     # -- submission intents -----------------------------------------------------------------
     async def add_intent(self, key: str, payload: dict[str, Any], priority: int = 0,

@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from vidpoll import metrics
 from vidpoll.config import DEFAULT_FIRST_POLL_S, DEFAULT_MAX_ACTIVE
 from vidpoll.errors import ConfigError, DatabaseUnavailable
+from vidpoll.logs import event
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
     QUEUED,
@@ -87,6 +89,15 @@ class IntentStore(Protocol):
     async def pause_bucket(self, account: str, kind: str, seconds: float,
                            refused: bool = False) -> None:
         """Pause every submitter's creates for the account (a 429 also slows it)."""
+
+    async def add_minutes(self, rows: Sequence[Any]) -> None:
+        """Add per-minute counters."""
+
+    async def forget_old_minutes(self) -> None:
+        """Delete counters older than a week."""
+
+    async def due_backlog_sample(self) -> tuple[int, float]:
+        """(rows due now, seconds the oldest is late)."""
 
     def notifications(self, channels: Sequence[str] = ...) -> AsyncIterator[Notice]:
         """One item once listening, then one per NOTIFY on `channels`."""
@@ -162,16 +173,19 @@ class Submitter(Runner):
         log.info("submitter %s started: concurrency=%d max_active=%s lease=%gs", cfg.worker_id,
                  cfg.concurrency, cfg.max_active, cfg.lease_s)
         listener = asyncio.create_task(self._listener()) if cfg.listen else None
+        flusher = asyncio.create_task(self._minutes_flusher(self.store, False))
         try:
             await self._main_loop()
         finally:
             self._stopping.set()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
-            if listener is not None:
-                listener.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await listener
+            for helper in (listener, flusher):
+                if helper is not None:
+                    helper.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await helper
+            await self._flush_minutes(self.store)
             await self.signals.pulse()
             log.info("submitter %s stopped: posts=%d submitted=%d rejected=%d retries=%s",
                      cfg.worker_id, self.stats.posts, self.stats.submitted, self.stats.rejected,
@@ -366,16 +380,21 @@ class Submitter(Runner):
         self._count(outcome, account)
 
     def _count(self, outcome: SubmitOutcome, account: str) -> None:
+        metrics.observe_submission(self.minutes, self._clock(), account, outcome.state)
+        fields = event(key=outcome.key, job_id=outcome.job_id, account=account,
+                       outcome=outcome.state, http_status=outcome.http_status,
+                       request_id=outcome.request_id,
+                       error_class=outcome.error_class.value if outcome.error_class else None)
         if outcome.state == SUBMITTED:
             self.stats.submitted += 1
             self._credit_failures[account] = 0
-            log.info("intent %s submitted: job %s", outcome.key, outcome.job_id)
+            log.info("intent %s submitted: job %s", outcome.key, outcome.job_id, extra=fields)
         elif outcome.state == REJECTED:
             self.stats.rejected += 1
-            log.error("intent %s rejected by Sume: HTTP %s %s: %s (request_id=%s); "
+            log.error("intent %s rejected by Sume: HTTP %s %s: %s; "
                       "`vidpoll intents retry KEY` sends it again", outcome.key,
                       outcome.http_status, outcome.error_code, outcome.error_message,
-                      outcome.request_id)
+                      extra=fields)
             if outcome.http_status == 402:
                 self._pause_for_credits(account)
         else:
@@ -383,7 +402,7 @@ class Submitter(Runner):
             name = outcome.error_class.value
             self.stats.retries[name] = self.stats.retries.get(name, 0) + 1
             log.info("intent %s: outcome unknown (%s); sent again with the same key in %.1fs",
-                     outcome.key, outcome.error, outcome.delay_s)
+                     outcome.key, outcome.error, outcome.delay_s, extra=fields)
 
     async def _release(self, intent: ClaimedIntent, delay_s: float) -> None:
         self.stats.released += 1

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from vidpoll import metrics
 from vidpoll.errors import DatabaseUnavailable
+from vidpoll.logs import event
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
     PENDING,
@@ -115,6 +117,15 @@ class Store(Protocol):
     def notifications(self) -> AsyncIterator[Notice]:
         """One item once listening, then one per NOTIFY on the jobs channel."""
 
+    async def add_minutes(self, rows: Sequence[Any]) -> None:
+        """Add per-minute counters."""
+
+    async def forget_old_minutes(self) -> None:
+        """Delete counters older than a week."""
+
+    async def due_backlog_sample(self) -> tuple[int, float]:
+        """(rows due now, seconds the oldest is late)."""
+
 
 class StatusReader(Protocol):
     """What the worker needs from Sume."""
@@ -188,7 +199,9 @@ class Worker(Runner):
         cfg = self.config
         log.info("worker %s started: claim=%s concurrency=%d lease=%gs listen=%s",
                  cfg.worker_id, cfg.claim_mode.value, cfg.concurrency, cfg.lease_s, cfg.listen)
-        helpers = [asyncio.create_task(self._writer(), name="vidpoll-writer")]
+        helpers = [asyncio.create_task(self._writer(), name="vidpoll-writer"),
+                   asyncio.create_task(self._minutes_flusher(self.store, True),
+                                       name="vidpoll-minutes")]
         if cfg.listen:
             helpers.append(asyncio.create_task(self._listener(), name="vidpoll-listener"))
         try:
@@ -205,6 +218,7 @@ class Worker(Runner):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await self._flush_minutes(self.store)  # what the last reads counted
             await self.signals.pulse()
             log.info("worker %s stopped: reads=%d finished=%d errors=%s fenced_out=%d",
                      cfg.worker_id, self.stats.reads, self.stats.finished, self.stats.errors,
@@ -316,6 +330,8 @@ class Worker(Runner):
             if budget is not None:
                 grant = await self.store.take_tokens(account, "status", want, budget)
                 granted = grant.granted
+                if granted < want:
+                    metrics.BUDGET_WAITS.labels(account, "status").inc()
             n = 0
             if (cfg.fetch_results and granted and not self._stopping.is_set()
                     and (self._results_seen.get(account) or self._turn % RESULTS_TURN == 0)):
@@ -334,6 +350,7 @@ class Worker(Runner):
             if lane:
                 self._lanes.release()
         if budget is not None:
+            metrics.TOKENS.labels(account, "status").inc(min(n, granted))
             if n < granted:
                 await self.store.refund_tokens(account, "status", granted - n)
             elif granted < want:
@@ -374,6 +391,7 @@ class Worker(Runner):
             decision = decide_result(claim, answer, self._clock(), self.config.policy,
                                      self._rng)
             if await self.store.record_result(decision):
+                metrics.RESULT_FETCHES.labels(decision.state).inc()
                 if decision.state == "fetched":
                     self.stats.results_fetched += 1
                 else:
@@ -391,18 +409,27 @@ class Worker(Runner):
             await self.signals.pulse()
 
     def _count_claim(self, n: int) -> None:
+        metrics.CLAIM_BATCH.observe(n)
         self.stats.claims += 1
         self.stats.claimed_rows += n
 
     # -- reading ----------------------------------------------------------------------------
     async def _read(self, job: ClaimedJob) -> Outcome | None:
         """One status read and its decision; None means 'give the row back unread'."""
+        started = self._clock()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        metrics.IN_FLIGHT.inc()
         try:
             answer = await self.readers[job.account].read_status(job.job_id)
         except Exception as exc:  # the reader promises answers, not exceptions; be safe
             log.exception("job %s: status read raised", job.job_id)
             answer = HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
                                 detail=type(exc).__name__)
+        finally:
+            metrics.IN_FLIGHT.dec()
+        read_s = loop.time() - began
+        late_s = (started - job.due_at).total_seconds()
         self.stats.reads += 1
         self._note_server_pause(job.account, answer)
         try:
@@ -415,16 +442,29 @@ class Worker(Runner):
                                              self._rng),
                                read_ok=False, http_status=answer.status,
                                error_class=ErrorClass.MALFORMED,
-                               error=f"could not interpret the answer: {type(exc).__name__}")
+                               error=f"could not interpret the answer: {type(exc).__name__}",
+                               account=job.account)
         if isinstance(decision, AuthPause):
+            metrics.observe_poll(self.minutes, started, job.account, ErrorClass.AUTH.value,
+                                 late_s, read_s)
             if self._key_refused(job.account, decision, "polling"):
                 self.stats.count_error(ErrorClass.AUTH)
             return None
+        metrics.observe_poll(self.minutes, started, job.account,
+                             decision.error_class.value if decision.error_class is not None
+                             else "final" if decision.is_final else "not_ready",
+                             late_s, read_s)
         self._key_accepted(job.account, "polling")
         if decision.error_class is not None:
             self.stats.count_error(decision.error_class)
-            log.debug("job %s read failed: %s (next try in %.1fs, request_id=%s)",
-                      job.job_id, decision.error, decision.delay_s, decision.request_id)
+            # the first failure of a run is an event; the repeats are in the counters
+            log.log(logging.INFO if job.consecutive_errors == 0 else logging.DEBUG,
+                    "job %s: read failed: %s (next try in %.1fs)", job.job_id, decision.error,
+                    decision.delay_s,
+                    extra=event(job_id=job.job_id, account=job.account,
+                                outcome=decision.error_class.value,
+                                http_status=decision.http_status,
+                                request_id=decision.request_id))
         elif not decision.is_final:
             self.stats.not_ready += 1
             word = decision.provider_status
@@ -496,13 +536,17 @@ class Worker(Runner):
         for outcome in outcomes:
             if outcome.job_id not in applied:
                 self.stats.fenced_out += 1
+                metrics.FENCED_OUT.inc()
                 log.warning("job %s: result dropped, another worker owns the row now",
                             outcome.job_id)
                 continue
             self.stats.recorded += 1
             if outcome.is_final:
                 self.stats.finished += 1
-                log.info("job %s finished: %s", outcome.job_id, outcome.state)
+                log.info("job %s finished: %s", outcome.job_id, outcome.state,
+                         extra=event(job_id=outcome.job_id, account=outcome.account,
+                                     outcome=outcome.state, http_status=outcome.http_status,
+                                     request_id=outcome.request_id))
 
     async def _writer(self) -> None:
         """Writes queued outcomes in batches: one statement for everything read meanwhile."""
@@ -521,6 +565,7 @@ class Worker(Runner):
                 for account, (seconds, refused) in pauses.items():
                     await self.store.pause_bucket(account, "status", seconds, refused)
                     self.stats.server_pauses += 1
+                    metrics.SERVER_PAUSES.labels(account).inc()
                 applied = await self.store.record(batch) if batch else set()
                 if release:
                     await self.store.release(release)
@@ -557,6 +602,7 @@ class Worker(Runner):
 
     def _db_unavailable(self, exc: DatabaseUnavailable) -> None:
         self.stats.db_errors += 1
+        metrics.DB_ERRORS.inc()
         loop_time = asyncio.get_running_loop().time()
         if self._db_down_since is None:
             self._db_down_since = loop_time

@@ -761,3 +761,188 @@ SET next_at = clock_timestamp() + make_interval(secs => %(lease_s)s::float8)
 WHERE job_id = %(job_id)s AND consumer = %(consumer)s AND token = %(token)s
   AND state = 'pending'
 RETURNING job_id;
+
+-- ---------------------------------------------------------------------------------------------
+-- Operations (0009): counters over time, browsing, poll-now, prune, doctor.
+
+-- name: add_minutes
+-- A worker's counters since its last flush, added to the minute they happened in, in one
+-- statement (no row per poll: one row per minute, kind, account and outcome).
+INSERT INTO vidpoll_minutes AS m (minute, kind, account, outcome, n, late_sum_s, late_max_s)
+SELECT * FROM unnest(%(minutes)s::timestamptz[], %(kinds)s::text[], %(accounts)s::text[],
+                     %(outcomes)s::text[], %(ns)s::bigint[], %(late_sums)s::float8[],
+                     %(late_maxes)s::float8[])
+ON CONFLICT (minute, kind, account, outcome) DO UPDATE
+SET n = CASE WHEN m.kind = 'backlog' THEN greatest(m.n, excluded.n) ELSE m.n + excluded.n END,
+    late_sum_s = m.late_sum_s + excluded.late_sum_s,
+    late_max_s = greatest(m.late_max_s, excluded.late_max_s);
+
+-- name: forget_old_minutes
+-- The counters keep a week.
+DELETE FROM vidpoll_minutes WHERE minute < now() - interval '7 days';
+
+-- name: due_backlog_sample
+-- Rows due now, counted up to 100,000 (the chart's sample; an exact count of a huge backlog
+-- would cost more than it tells), and how late the oldest is.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM video_jobs
+                              WHERE state = 'pending' AND next_poll_at <= now()
+                              LIMIT 100000) AS due) AS due,
+       coalesce(extract(epoch FROM now() - (SELECT min(next_poll_at) FROM video_jobs
+                                             WHERE state = 'pending')), 0)::float8
+         AS oldest_late_s;
+
+-- name: minutes_since
+-- The counters of the last `minutes` minutes, summed over accounts, oldest first.
+SELECT minute, kind, outcome, sum(n)::bigint AS n, sum(late_sum_s)::float8 AS late_sum_s,
+       max(late_max_s)::float8 AS late_max_s
+FROM vidpoll_minutes
+WHERE minute >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s::int)
+GROUP BY minute, kind, outcome
+ORDER BY minute, kind, outcome;
+
+-- name: list_pending
+-- Pending rows in due order (the partial index), after a keyset cursor: stays fast at any depth.
+SELECT job_id, state, account, next_poll_at, polls, consecutive_errors, last_error_class,
+       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token
+FROM video_jobs
+WHERE state = 'pending'
+  AND (%(account)s::text IS NULL OR account = %(account)s)
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (next_poll_at, job_id) > (%(after_at)s::timestamptz, %(after_id)s::text))
+ORDER BY next_poll_at, job_id
+LIMIT %(limit)s;
+
+-- name: list_finished
+-- Finished rows (one final state, or all of them), newest first, through the partial index
+-- on finished_at, after a keyset cursor.
+SELECT job_id, state, account, next_poll_at, polls, consecutive_errors, last_error_class,
+       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token
+FROM video_jobs
+WHERE state <> 'pending'
+  AND (%(state)s::text IS NULL OR state = %(state)s)
+  AND (%(account)s::text IS NULL OR account = %(account)s)
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (finished_at, job_id) < (%(after_at)s::timestamptz, %(after_id)s::text))
+ORDER BY finished_at DESC, job_id DESC
+LIMIT %(limit)s;
+
+-- name: list_all
+-- Every row by job id (the primary key), after a keyset cursor.
+SELECT job_id, state, account, next_poll_at, polls, consecutive_errors, last_error_class,
+       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token
+FROM video_jobs
+WHERE (%(account)s::text IS NULL OR account = %(account)s)
+  AND (%(after_id)s::text IS NULL OR job_id > %(after_id)s)
+ORDER BY job_id
+LIMIT %(limit)s;
+
+-- name: poll_now
+-- `jobs poll-now` and the dashboard's button: a pending row is made due now (the NOTIFY
+-- trigger wakes idle workers); one a worker is reading right now is marked, and that read's
+-- record makes it due again at once (as a webhook does). Nothing else changes.
+UPDATE video_jobs
+SET next_poll_at = CASE WHEN claim_token IS NULL THEN least(next_poll_at, now())
+                        ELSE next_poll_at END,
+    poked_at = now()
+WHERE job_id = %(job_id)s AND state = 'pending'
+RETURNING job_id, claim_token IS NULL AS made_due;
+
+-- name: prune_finished
+-- `jobs prune`: one batch of rows finished before `before` moved to video_jobs_archive, in one
+-- statement (the DELETE's rows are the INSERT's). Rows whose result or deliveries are still
+-- to do stay: moving them would strand that work.
+WITH batch AS (
+  SELECT job_id FROM video_jobs j
+  WHERE j.state <> 'pending' AND j.finished_at < %(before)s::timestamptz
+    AND j.result_state IS DISTINCT FROM 'pending'
+    -- an id already archived (tracked again after a prune) stays: both records are kept
+    AND NOT EXISTS (SELECT 1 FROM video_jobs_archive a WHERE a.job_id = j.job_id)
+    AND NOT EXISTS (SELECT 1 FROM vidpoll_deliveries d
+                    WHERE d.job_id = j.job_id AND d.state = 'pending')
+  ORDER BY j.finished_at DESC, j.job_id DESC
+  LIMIT %(batch)s
+  FOR UPDATE SKIP LOCKED
+), moved AS (
+  DELETE FROM video_jobs j USING batch WHERE j.job_id = batch.job_id
+  RETURNING j.*
+)
+INSERT INTO video_jobs_archive SELECT * FROM moved  -- archived_at takes its default
+RETURNING job_id;
+
+-- name: get_archived_job
+-- One archived row, for `jobs show` of a pruned job.
+SELECT * FROM video_jobs_archive WHERE job_id = %(job_id)s;
+
+-- name: recent_errors
+-- The latest error events (from the history), for the dashboard's overview.
+SELECT e.job_id, e.at, e.error_class, e.http_status, e.detail, j.account
+FROM video_job_events e
+LEFT JOIN video_jobs j ON j.job_id = e.job_id
+WHERE e.kind = 'error'
+ORDER BY e.id DESC
+LIMIT %(limit)s;
+
+-- name: stuck_claims
+-- Claims whose lease ran out long ago without a record (a worker that died or hangs): which
+-- worker held them, since when. A lease-mode row is due again at once anyway; this is for
+-- the operator's "which worker is stuck".
+SELECT claimed_by, count(*) AS rows, min(claimed_at) AS since
+FROM video_jobs
+WHERE state = 'pending' AND claim_token IS NOT NULL AND next_poll_at < now() - interval '1 minute'
+GROUP BY claimed_by
+ORDER BY since;
+
+-- name: doctor_tables
+-- vidpoll's tables: live and dead rows, sizes, vacuum history and per-table settings.
+SELECT c.relname AS table_name, s.n_live_tup AS live, s.n_dead_tup AS dead,
+       pg_relation_size(c.oid) AS heap_bytes, pg_total_relation_size(c.oid) AS total_bytes,
+       greatest(s.last_autovacuum, s.last_vacuum) AS last_vacuum,
+       greatest(s.last_autoanalyze, s.last_analyze) AS last_analyze,
+       coalesce(c.reloptions, '{}') AS options
+FROM pg_class c
+JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.relname IN ('video_jobs', 'video_intents', 'vidpoll_deliveries', 'vidpoll_rate_buckets',
+                    'vidpoll_minutes', 'video_job_events', 'video_jobs_archive',
+                    'vidpoll_webhook_events')
+  AND c.relnamespace = to_regnamespace(current_schema())
+ORDER BY c.relname;
+
+-- name: doctor_hot_indexes
+-- The hot table's indexes: size, scans, and (for the partial due index) bytes per pending row,
+-- the tell-tale of index bloat.
+SELECT i.indexrelname AS index_name, pg_relation_size(i.indexrelid) AS bytes, i.idx_scan AS scans,
+       (SELECT count(*) FROM video_jobs WHERE state = 'pending') AS pending_rows
+FROM pg_stat_user_indexes i
+WHERE i.relname = 'video_jobs'
+  AND i.schemaname = current_schema()
+ORDER BY i.indexrelname;
+
+-- name: doctor_xmin
+-- What holds the xmin horizon back (vacuum cannot remove rows newer than it): the oldest open
+-- transaction or snapshot, replication slots, prepared transactions.
+SELECT 'session' AS holder, pid::text AS who, application_name AS detail,
+       extract(epoch FROM now() - coalesce(xact_start, query_start))::float8 AS age_s,
+       age(backend_xmin)::bigint AS xmin_age
+FROM pg_stat_activity
+WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()
+UNION ALL
+SELECT 'replication slot', slot_name::text, slot_type, NULL,
+       greatest(age(xmin), age(catalog_xmin))::bigint
+FROM pg_replication_slots
+WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL
+UNION ALL
+SELECT 'prepared transaction', gid, owner::text,
+       extract(epoch FROM now() - prepared)::float8, age(transaction)::bigint
+FROM pg_prepared_xacts
+ORDER BY xmin_age DESC NULLS LAST
+LIMIT 5;
+
+-- name: doctor_connections
+-- Connections in use against the server's limit, and vidpoll's listeners (LISTEN sessions).
+SELECT (SELECT count(*) FROM pg_stat_activity) AS used,
+       current_setting('max_connections')::int AS max_connections,
+       (SELECT count(*) FROM pg_stat_activity
+        WHERE datname = current_database() AND query ILIKE 'LISTEN%%') AS listeners,
+       pg_notification_queue_usage()::float8 AS notify_queue_usage,
+       current_setting('autovacuum') AS autovacuum,
+       current_setting('track_counts') AS track_counts;

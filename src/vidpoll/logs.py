@@ -1,0 +1,112 @@
+"""Log lines for people (`--log-format text`) or machines (`json`), redacted by construction.
+
+Every line passes through `Redactor` after it is formatted, traceback included: the secrets of
+this process (API keys, the webhook secret, the dashboard token, read from the environment)
+become `<redacted>`, a Bearer token too, and every URL loses its query string (signed links).
+No code path can log around it, because the formatter is the only way out.
+
+Events carry fields (`extra=event(job_id=..., outcome=...)`); the JSON form puts them at the
+top level of each line, the text form appends them as `key=value`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from vidpoll.media import redact_urls
+
+EVENT_FIELDS = ("job_id", "account", "outcome", "http_status", "request_id", "key",
+                "consumer", "worker_id", "error_class")
+"""The fields an event may carry (anything else passed in `extra` is ignored)."""
+SECRET_VARIABLES = ("SUME_WEBHOOK_SECRET", "VIDPOLL_DASHBOARD_TOKEN")
+"""Besides SUME_API_KEY and SUME_API_KEY_<ACCOUNT>."""
+_BEARER = re.compile(r"(?i)(bearer\s+)[^\s'\",]+")
+
+
+def event(**fields: Any) -> dict[str, Any]:
+    """`extra=` for a log call: the event's fields (job_id, account, outcome, ...)."""
+    return {f"vp_{k}": v for k, v in fields.items() if v is not None}
+
+
+def secrets_from_env(env: Mapping[str, str] | None = None) -> list[str]:
+    """The values that must never be logged, as this process knows them."""
+    env = os.environ if env is None else env
+    found = [v.strip() for k, v in env.items()
+             if (k == "SUME_API_KEY" or k.startswith("SUME_API_KEY_") or k in SECRET_VARIABLES)
+             and len(v.strip()) >= 4]
+    return sorted(set(found), key=len, reverse=True)  # longest first: no partial leftovers
+
+
+class Redactor:
+    """Removes secrets, Bearer tokens and URL query strings from text."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        self.secrets = [s for s in secrets if s]
+
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "<redacted>")
+        return redact_urls(_BEARER.sub(r"\1<redacted>", text))
+
+
+class TextFormatter(logging.Formatter):
+    """`time LEVEL logger: message key=value ...`, redacted."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.redact = redactor
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The line, with the event's fields appended, then redacted."""
+        text = super().format(record)
+        fields = _fields(record)
+        if fields:
+            text += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+        return self.redact(text)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, the event's fields, exc."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        super().__init__()
+        self.redact = redactor
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The JSON line, each string redacted before encoding."""
+        line: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(), "logger": record.name,
+            "msg": self.redact(record.getMessage())}
+        for key, value in _fields(record).items():
+            line[key] = self.redact(value) if isinstance(value, str) else value
+        if record.exc_info:
+            line["exc"] = self.redact(self.formatException(record.exc_info))
+        return json.dumps(line, default=str, ensure_ascii=False)
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: getattr(record, f"vp_{k}") for k in EVENT_FIELDS
+            if getattr(record, f"vp_{k}", None) is not None}
+
+
+def setup(level: str, fmt: str, secrets: Iterable[str] | None = None) -> None:
+    """Route every log line of the process to stderr through one redacting formatter."""
+    redactor = Redactor(secrets_from_env() if secrets is None else secrets)
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter(redactor) if fmt == "json" else TextFormatter(redactor))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    # aiohttp's access log is noise; the pool's reconnect warnings repeat what the worker's
+    # own "database unavailable ... reachable again" lines say once.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)

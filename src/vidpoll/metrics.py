@@ -1,0 +1,124 @@
+"""Prometheus metrics of this process, and per-minute counters flushed to `vidpoll_minutes`.
+
+The loops call the `observe_*` functions; nothing here does I/O. The metrics are served by
+`vidpoll worker --metrics-port` and `vidpoll serve` (vidpoll.web). Labels are bounded: an
+account, an outcome word, a consumer name; never a job id, never a URL or a key.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+"""This process's metrics (not prometheus_client's global registry)."""
+
+POLLS = Counter("vidpoll_polls_total", "Status reads by outcome: not_ready, final, or the "
+                "error class.", ["account", "outcome"], registry=REGISTRY)
+READ_SECONDS = Histogram(
+    "vidpoll_status_read_duration_seconds", "Time one status read took, answer or failure.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30), registry=REGISTRY)
+LATENESS = Histogram(
+    "vidpoll_poll_lateness_seconds", "Seconds between a row's next_poll_at and its read.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
+    registry=REGISTRY)
+CLAIM_BATCH = Histogram("vidpoll_claim_batch_size", "Rows per claim statement.",
+                        buckets=(0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+                        registry=REGISTRY)
+IN_FLIGHT = Gauge("vidpoll_reads_in_flight", "Status reads waiting for Sume now.",
+                  registry=REGISTRY)
+SUBMISSIONS = Counter("vidpoll_submissions_total", "POSTs of intents by outcome: submitted, "
+                      "queued (retried later) or rejected.", ["account", "outcome"],
+                      registry=REGISTRY)
+RESULT_FETCHES = Counter("vidpoll_result_fetches_total", "Result fetches by outcome.",
+                         ["outcome"], registry=REGISTRY)
+DELIVERIES = Counter("vidpoll_deliveries_total", "Downloads and hook runs by outcome.",
+                     ["consumer", "outcome"], registry=REGISTRY)
+TOKENS = Counter("vidpoll_rate_tokens_granted_total", "Tokens taken from the fleet's rate "
+                 "budget.", ["account", "kind"], registry=REGISTRY)
+BUDGET_WAITS = Counter("vidpoll_rate_budget_waits_total", "Claims that got fewer tokens than "
+                       "they wanted (the budget, not the rows, held them back).",
+                       ["account", "kind"], registry=REGISTRY)
+SERVER_PAUSES = Counter("vidpoll_server_pauses_total", "Pauses Sume asked for (429, "
+                        "RateLimit-Remaining: 0).", ["account"], registry=REGISTRY)
+FENCED_OUT = Counter("vidpoll_fenced_out_total", "Writes refused because another worker "
+                     "owns the row now.", registry=REGISTRY)
+DB_ERRORS = Counter("vidpoll_database_errors_total", "Database calls that failed (outage).",
+                    registry=REGISTRY)
+JOBS = Gauge("vidpoll_jobs", "Rows of video_jobs by state (read at scrape time).", ["state"],
+             registry=REGISTRY)
+DUE = Gauge("vidpoll_due_rows", "Pending rows due now (counted up to 100,000).",
+            registry=REGISTRY)
+OLDEST_DUE = Gauge("vidpoll_oldest_due_seconds", "How late the most overdue pending row is.",
+                   registry=REGISTRY)
+
+
+@dataclass
+class _Cell:
+    n: int = 0
+    late_sum_s: float = 0.0
+    late_max_s: float = 0.0
+
+
+MinuteKey = tuple[datetime, str, str, str]
+"""(minute, kind, account, outcome)."""
+
+
+class Minutes:
+    """Counters per minute, kind, account and outcome, kept in memory until a flush."""
+
+    def __init__(self) -> None:
+        self._cells: dict[MinuteKey, _Cell] = {}
+        self._lock = threading.Lock()  # sync hooks' threads never touch it; cheap anyway
+
+    def add(self, at: datetime, kind: str, account: str, outcome: str,
+            late_s: float = 0.0, n: int = 1) -> None:
+        """Count `n` events (with their lateness) in the minute of `at`."""
+        key = (at.replace(second=0, microsecond=0), kind, account, outcome)
+        with self._lock:
+            cell = self._cells.setdefault(key, _Cell())
+            cell.n += n
+            cell.late_sum_s += late_s
+            cell.late_max_s = max(cell.late_max_s, late_s)
+
+    def drain(self) -> list[tuple[MinuteKey, int, float, float]]:
+        """Everything counted since the last drain, and forget it."""
+        with self._lock:
+            cells, self._cells = self._cells, {}
+        return [(key, c.n, c.late_sum_s, c.late_max_s) for key, c in cells.items()]
+
+    def restore(self, rows: list[tuple[MinuteKey, int, float, float]]) -> None:
+        """Put back what a failed flush drained (the next flush adds it)."""
+        for (minute, kind, account, outcome), n, late_sum, late_max in rows:
+            with self._lock:
+                cell = self._cells.setdefault((minute, kind, account, outcome), _Cell())
+                cell.n += n
+                cell.late_sum_s += late_sum
+                cell.late_max_s = max(cell.late_max_s, late_max)
+
+
+def observe_poll(minutes: Minutes, at: datetime, account: str, outcome: str,
+                 late_s: float, read_s: float) -> None:
+    """One status read: its outcome, how late it started, how long it took."""
+    POLLS.labels(account, outcome).inc()
+    LATENESS.observe(max(0.0, late_s))
+    READ_SECONDS.observe(read_s)
+    minutes.add(at, "poll", account, outcome, max(0.0, late_s))
+
+
+def observe_submission(minutes: Minutes, at: datetime, account: str, outcome: str) -> None:
+    """One POST of an intent and its outcome."""
+    SUBMISSIONS.labels(account, outcome).inc()
+    minutes.add(at, "submit", account, outcome)
+
+
+def metric_names() -> Iterator[str]:
+    """Every metric family this module defines (for docs and tests)."""
+    for collector in (POLLS, READ_SECONDS, LATENESS, CLAIM_BATCH, IN_FLIGHT, SUBMISSIONS,
+                      RESULT_FETCHES, DELIVERIES, TOKENS, BUDGET_WAITS, SERVER_PAUSES,
+                      FENCED_OUT, DB_ERRORS, JOBS, DUE, OLDEST_DUE):
+        yield from (m.name for m in collector.describe())

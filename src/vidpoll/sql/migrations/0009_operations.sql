@@ -1,0 +1,39 @@
+-- What operating vidpoll needs: counters over time, an archive, and indexes for browsing.
+
+-- Per-minute counters that every worker adds to every few seconds (one upsert per flush):
+-- status reads by outcome (not_ready, final, or the error class) with their lateness, and
+-- submissions by outcome. `jobs stats` and the dashboard chart the last hour from it; rows
+-- older than a week are deleted by the flushes themselves.
+CREATE TABLE IF NOT EXISTS vidpoll_minutes (
+  minute     timestamptz NOT NULL,
+  account    text NOT NULL,
+  kind       text NOT NULL,        -- poll | submit | backlog
+  outcome    text NOT NULL,
+  n          bigint NOT NULL DEFAULT 0,
+  late_sum_s float8 NOT NULL DEFAULT 0,
+  late_max_s float8 NOT NULL DEFAULT 0,
+  PRIMARY KEY (minute, kind, account, outcome)
+) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.1);
+
+-- `jobs prune` moves finished rows here: the record of a paid job is never deleted, only
+-- moved off the hot table. Same columns as video_jobs (a test keeps them equal), plus when.
+CREATE TABLE IF NOT EXISTS video_jobs_archive (LIKE video_jobs INCLUDING DEFAULTS);
+ALTER TABLE video_jobs_archive
+  ADD COLUMN IF NOT EXISTS archived_at timestamptz NOT NULL DEFAULT now();
+DO $$ BEGIN
+  ALTER TABLE video_jobs_archive ADD PRIMARY KEY (job_id);
+EXCEPTION WHEN invalid_table_definition THEN NULL;  -- already there
+END $$;
+
+-- Finished rows, newest first: the dashboard's and `jobs list`'s browsing of them and `jobs
+-- prune`. Partial, so a status read (which keeps a row pending) never writes to it.
+CREATE INDEX IF NOT EXISTS video_jobs_finished_idx
+  ON video_jobs (finished_at DESC, job_id DESC) WHERE state <> 'pending';
+
+-- The queue tables change on every claim and record: vacuum them early, leave room on pages.
+ALTER TABLE video_intents SET (fillfactor = 80, autovacuum_vacuum_threshold = 200);
+ALTER TABLE vidpoll_deliveries SET (autovacuum_vacuum_scale_factor = 0.05,
+                                    autovacuum_vacuum_threshold = 200);
+-- The bucket rows are few and updated on every claim: vacuum them almost at once.
+ALTER TABLE vidpoll_rate_buckets SET (fillfactor = 50, autovacuum_vacuum_scale_factor = 0,
+                                      autovacuum_vacuum_threshold = 500);
