@@ -6,20 +6,26 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import fields
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import click
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
 
 from vidpoll import logs
 from vidpoll.api import Submission, Vidpoll
 from vidpoll.bulk import BadLine, KeyDeriver, parse_param
 from vidpoll.config import DEFAULT_LEASE_MARGIN_S, Settings
 from vidpoll.deliver import Deliverer, DeliveryConfig, load_hook
+from vidpoll.doctor import FAIL, OK, WARN, diagnose
 from vidpoll.download import Downloader
 from vidpoll.embedded import resolve_database_url
 from vidpoll.errors import (
@@ -37,15 +43,18 @@ from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.media import without_signatures
 from vidpoll.models import COMPLETED, ClaimMode, Intent
 from vidpoll.runner import default_worker_id
+from vidpoll.sql import migrations
 from vidpoll.store import PgStore, migrate
 from vidpoll.submitter import Submitter, SubmitterConfig
 from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 EXIT_CODES: dict[type[VidpollError], int] = {
     ConfigError: 2, DatabaseUnavailable: 3, SchemaError: 4, IntentRejected: 5,
     InvalidJobId: 6, InvalidIntent: 6, KeyConflict: 6}
+EXIT_BAD_INPUT = 6
 EXIT_NOT_COMPLETED = 7
 EXIT_WAIT_TIMEOUT = 8
 BULK_BATCH = 200
@@ -164,6 +173,9 @@ def migrate_cmd() -> None:
               type=click.FloatRange(0.1, 86_400), help="Seconds a hook may run per try.")
 @click.option("--delivery-concurrency", default=4, show_default=True,
               type=click.IntRange(1, 1000), help="Downloads (and runs of each hook) at once.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535),
+              help="Serve Prometheus /metrics (and /healthz, /readyz) on this port.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True)
 def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                batch_size: int, lease_seconds: float | None, db_connections: int,
                poll_only: bool, submit_only: bool, max_active: int | None,
@@ -171,7 +183,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                status_rate_per_min: float | None, submit_rate_per_min: float | None,
                rate_burst: float | None, fetch_results: bool, hook_specs: tuple[str, ...],
                download_dir: str | None, hook_timeout: float,
-               delivery_concurrency: int) -> None:
+               delivery_concurrency: int, metrics_port: int | None, metrics_host: str) -> None:
     """Poll due jobs and send queued intents until stopped (SIGTERM/SIGINT finish what is in
     flight, then exit 0)."""
     if poll_only and submit_only:
@@ -256,6 +268,13 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                     if deliverer is not None:
                         deliverer.producers_done.set()
 
+                if metrics_port is not None:
+                    from vidpoll.web import metrics_app, start_server
+
+                    server, url = await start_server(metrics_app(store), metrics_host,
+                                                     metrics_port)
+                    stack.push_async_callback(server.cleanup)
+                    log.info("metrics on %s/metrics", url)
                 await asyncio.gather(produce(), *([deliverer.run()] if deliverer else []))
         finally:
             await store.close()
@@ -382,16 +401,21 @@ def jobs_resume(job_id: str) -> None:
 
 @jobs.command("show")
 @click.argument("job_id")
-def jobs_show(job_id: str) -> None:
-    """Print one job as JSON: its row, the intent that created it, and its history."""
+@click.option("--json", "as_json", is_flag=True, help="Everything as one JSON object.")
+def jobs_show(job_id: str, as_json: bool) -> None:
+    """One job: its row, the intent that created it, its result (signed links shown without
+    their query string), its deliveries and its history. Archived (pruned) jobs too."""
 
     async def collect(store: PgStore) -> dict[str, Any] | None:
         row = await store.get_job(job_id)
+        archived = row is None
+        if row is None:
+            row = await store.get_archived_job(job_id)
         if row is None:
             return None
         intent = await store.intent_of_job(job_id)
         # stored results keep their signed links; nothing shown does
-        return {**without_signatures(row),
+        return {**without_signatures(row), "archived": archived,
                 "intent": None if intent is None else _intent_dict(intent),
                 "history": await store.job_history(job_id),
                 "deliveries": without_signatures(await store.job_deliveries(job_id))}
@@ -400,7 +424,49 @@ def jobs_show(job_id: str) -> None:
     if shown is None:
         click.echo(f"error: no job {job_id!r}", err=True)
         sys.exit(1)
-    click.echo(json.dumps(shown, default=_json_default, indent=2, sort_keys=True))
+    if as_json:
+        click.echo(json.dumps(shown, default=_json_default, indent=2, sort_keys=True))
+        return
+    console = Console(highlight=False)
+    row = Table.grid(padding=(0, 2))
+    for name in ("job_id", "state", "provider_status", "account", "created_at", "finished_at",
+                 "next_poll_at", "polls", "consecutive_errors", "errors_total",
+                 "last_error_class", "last_http_status", "last_error", "last_request_id",
+                 "claimed_by", "result_state", "result_error", "idempotency_key"):
+        if shown.get(name) is not None:
+            row.add_row(name, escape(str(_json_default(shown[name]))))
+    if shown["archived"]:
+        row.add_row("archived_at", str(shown.get("archived_at")))
+    console.print(Panel(row, title=f"job {escape(job_id)}", expand=False))
+    if shown.get("result") is not None:
+        console.print(Panel(escape(json.dumps(shown["result"], indent=2)), title="result",
+                            expand=False))
+    if shown["deliveries"]:
+        console.print(_table("deliveries", shown["deliveries"],
+                             ("consumer", "state", "attempts", "next_at", "last_error")))
+    console.print(_table("history", shown["history"],
+                         ("at", "kind", "from_state", "to_state", "error_class",
+                          "http_status", "detail")))
+
+
+def _table(title: str, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> Table:
+    """A rich table of `rows` (dicts) with these columns; values escaped, times shortened."""
+    table = Table(title=title, title_justify="left")
+    for col in columns:
+        table.add_column(col, overflow="fold")  # wrapped, never cut: an id is read whole
+    for r in rows:
+        table.add_row(*(escape(_cell(r.get(c))) for c in columns))
+    return table
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
 
 
 @jobs.command("watch")
@@ -430,26 +496,61 @@ def jobs_watch(job_id: str, timeout: float | None) -> None:
 
 
 @jobs.command("stats")
+@click.option("--minutes", default=10, show_default=True, type=click.IntRange(1, 10_080),
+              help="The window for rates and errors.")
 @click.option("--json", "as_json", is_flag=True)
-def jobs_stats(as_json: bool) -> None:
-    """Counts by state and the due backlog."""
+def jobs_stats(minutes: int, as_json: bool) -> None:
+    """Counts by state, the due backlog and how late it is, polls per second and errors by
+    class over the last minutes, stuck claims, deliveries and rate buckets."""
 
     async def collect(store: PgStore) -> dict[str, Any]:
         due, late = await store.backlog()
+        polls: dict[str, int] = {}
+        submits: dict[str, int] = {}
+        late_sum = late_max = 0.0
+        for r in await store.minutes_since(minutes):
+            if r["kind"] == "poll":
+                polls[r["outcome"]] = polls.get(r["outcome"], 0) + int(r["n"])
+                late_sum += r["late_sum_s"]
+                late_max = max(late_max, r["late_max_s"])
+            elif r["kind"] == "submit":
+                submits[r["outcome"]] = submits.get(r["outcome"], 0) + int(r["n"])
+        reads = sum(polls.values())
         return {"states": await store.counts(), "due_now": due, "oldest_late_s": late,
+                "window_minutes": minutes, "reads": reads,
+                "reads_per_s": round(reads / (minutes * 60), 3),
+                "reads_by_outcome": polls, "submissions_by_outcome": submits,
+                "mean_lateness_s": round(late_sum / reads, 3) if reads else None,
+                "max_lateness_s": round(late_max, 3),
+                "stuck_claims": await store.stuck_claims(),
+                "deliveries": await store.delivery_counts(),
                 "backlog_by_account": await store.backlog_by_account(),
                 "rate_buckets": await store.buckets()}
 
     stats = _on_store(collect)
     if as_json:
-        click.echo(json.dumps(stats))
+        click.echo(json.dumps(stats, default=_json_default))
         return
     for state, n in stats["states"].items():
         click.echo(f"{state:>12} {n}")
     click.echo(f"due now: {stats['due_now']}, oldest late by {stats['oldest_late_s']:.1f}s")
+    errors = {k: v for k, v in stats["reads_by_outcome"].items()
+              if k not in ("not_ready", "final")}
+    click.echo(f"last {minutes} min: {stats['reads']} status reads ({stats['reads_per_s']:g}/s"
+               f"), {stats['reads_by_outcome'].get('final', 0)} finished, errors by class: "
+               f"{errors or 'none'}; lateness mean "
+               f"{stats['mean_lateness_s'] or 0:.2f}s, max {stats['max_lateness_s']:.2f}s")
+    if stats["submissions_by_outcome"]:
+        click.echo(f"last {minutes} min submissions: {stats['submissions_by_outcome']}")
+    for row in stats["stuck_claims"]:
+        click.echo(f"  stuck: {row['claimed_by']} holds {row['rows']} rows whose lease ended "
+                   f"(claimed since {row['since']:%Y-%m-%d %H:%M:%S})")
     for row in stats["backlog_by_account"]:
         click.echo(f"  account {row['account']}: {row['due']} due, oldest late by "
                    f"{row['oldest_late_s']:.1f}s")
+    for c in stats["deliveries"]:
+        click.echo(f"  deliveries {c['consumer']}: {c['pending']} pending ({c['waiting']} "
+                   f"waiting, {c['retrying']} retrying), {c['failed']} failed")
     for b in stats["rate_buckets"]:
         rate = "unlimited" if b["rate_per_s"] is None else f"{b['rate_per_s'] * 60:g}/min"
         tokens = "" if b["tokens"] is None else f", {b['tokens']:.1f} tokens"
@@ -458,58 +559,95 @@ def jobs_stats(as_json: bool) -> None:
                    f"{b['server_pauses']} server pauses")
 
 
-@main.group("deliveries")
-def deliveries() -> None:
-    """Downloads and completion hooks: what is pending, what failed and why."""
-
-
-@deliveries.command("list")
-@click.option("--consumer", help="Only this consumer (download, hook:module:function).")
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10_000))
-@click.option("--json", "as_json", is_flag=True)
-def deliveries_list(consumer: str | None, limit: int, as_json: bool) -> None:
-    """Counts per consumer, then the failed and retrying deliveries with their last error."""
-
-    async def collect(store: PgStore) -> dict[str, Any]:
-        return {"consumers": await store.delivery_counts(),
-                "problems": await store.failed_deliveries(consumer, limit)}
-
-    shown = _on_store(collect)
+@jobs.command("list")
+@click.option("--state", help="pending, finished, or one final state (completed, failed, ...).")
+@click.option("--account", help="Only this account's rows.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--after", "cursor", help="The cursor printed under the previous page.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: rows and next cursor.")
+def jobs_list(state: str | None, account: str | None, limit: int, cursor: str | None,
+              as_json: bool) -> None:
+    """Rows a page at a time: pending ones in due order, finished ones newest first, all by
+    id. Paging is by cursor, so a deep page of a million rows is as fast as the first."""
+    try:
+        rows, next_cursor = _on_store(lambda store: store.list_jobs(state, account, limit,
+                                                                    cursor))
+    except ValueError as exc:
+        click.echo(f"error: {exc} (use the cursor printed under a page)", err=True)
+        sys.exit(EXIT_BAD_INPUT)
     if as_json:
-        click.echo(json.dumps(shown, default=_json_default))
+        click.echo(json.dumps({"jobs": rows, "next": next_cursor}, default=_json_default))
         return
-    if not shown["consumers"]:
-        click.echo("no consumer registered (start a worker with --on-terminal or "
-                   "--download-dir)")
-    for c in shown["consumers"]:
-        oldest = c["oldest_pending"]
-        click.echo(f"{c['consumer']}: {c['pending']} pending ({c['retrying']} retrying), "
-                   f"{c['done']} done, {c['failed']} failed"
-                   + (f"; oldest pending since {oldest:%Y-%m-%d %H:%M:%S}" if oldest else ""))
-    for d in shown["problems"]:
-        click.echo(f"  {d['job_id']} {d['consumer']} {d['state']} after {d['attempts']} "
-                   f"tries: {d['last_error']}")
+    console = Console(highlight=False)
+    console.print(_table(f"jobs ({state or 'all'})", rows, (
+        "job_id", "state", "account", "next_poll_at", "finished_at", "polls",
+        "consecutive_errors", "last_error_class", "claimed_by")))
+    if next_cursor:
+        console.print(f"next page: --after {next_cursor}")
 
 
-@deliveries.command("retry")
-@click.option("--consumer", help="Only this consumer.")
-@click.option("--job", "job_id", help="Only this job.")
-def deliveries_retry(consumer: str | None, job_id: str | None) -> None:
-    """Make failed (and backing-off) deliveries due now, with their tries reset."""
-    rows = _on_store(lambda store: store.retry_deliveries(consumer, job_id))
-    click.echo(f"{len(rows)} deliveries due again")
-
-
-@deliveries.command("forget")
-@click.argument("consumer")
-def deliveries_forget(consumer: str) -> None:
-    """Unregister a consumer (a hook that no longer exists): jobs that end from now on get no
-    delivery for it, and its undone deliveries are removed (done ones stay)."""
-    gone, dropped = _on_store(lambda store: store.forget_consumer(consumer))
-    if not gone:
-        click.echo(f"error: no consumer {consumer!r} (see `vidpoll deliveries list`)", err=True)
+@jobs.command("poll-now")
+@click.argument("job_id")
+def jobs_poll_now(job_id: str) -> None:
+    """Make a pending job due now (a worker reads it within a second when listening)."""
+    made_due = _on_store(lambda store: store.poll_now(job_id))
+    if made_due is None:
+        click.echo(f"error: no pending job {job_id!r} (`vidpoll jobs resume` revives a "
+                   "gave_up / not_found one)", err=True)
         sys.exit(1)
-    click.echo(f"forgot {consumer}; removed {dropped} undone deliveries")
+    click.echo(f"{job_id}: due now" if made_due else
+               f"{job_id}: being read right now; read again as soon as that read is recorded")
+
+
+@jobs.command("prune")
+@click.option("--finished-before", required=True, metavar="DATE",
+              help="ISO date or time (UTC unless it says otherwise), e.g. 2026-11-01.")
+@click.option("--batch", default=5000, show_default=True, type=click.IntRange(1, 1_000_000))
+def jobs_prune(finished_before: str, batch: int) -> None:
+    """Move rows finished before DATE to video_jobs_archive, in batches (each its own
+    transaction). Nothing is deleted: `jobs show` still finds them. Rows whose result or
+    deliveries are still to do stay."""
+    try:
+        before = datetime.fromisoformat(finished_before)
+    except ValueError:
+        raise click.BadParameter("not an ISO date or time",
+                                 param_hint="--finished-before") from None
+    if before.tzinfo is None:
+        before = before.replace(tzinfo=UTC)
+
+    async def prune(store: PgStore) -> int:
+        moved = 0
+        while n := await store.prune_finished(before, batch):
+            moved += n
+            click.echo(f"moved {moved} rows so far", err=True)
+        return moved
+
+    click.echo(f"moved {_on_store(prune)} rows finished before {before.isoformat()} to "
+               "video_jobs_archive")
+
+
+@main.command("doctor")
+@click.option("--json", "as_json", is_flag=True)
+def doctor_cmd(as_json: bool) -> None:
+    """Check the schema, the claim query's plan, dead rows and bloat, autovacuum, the xmin
+    horizon, connections, listeners and stuck claims; print what is wrong and the fix.
+    Exit 0 if nothing failed (warnings included), 1 otherwise."""
+    report = _on_store(lambda store: store.doctor())
+    findings = diagnose(report, len(migrations()))
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(f) for f in findings]))
+    else:
+        console = Console(highlight=False)
+        table = Table(title="vidpoll doctor", title_justify="left")
+        for col in ("check", "status", "detail", "fix"):
+            table.add_column(col, overflow="fold")
+        style = {OK: "green", WARN: "yellow", FAIL: "bold red"}
+        for f in findings:
+            table.add_row(escape(f.check), f"[{style[f.status]}]{f.status}[/]",
+                          escape(f.detail), escape(f.fix))
+        console.print(table)
+    if any(f.status == FAIL for f in findings):
+        sys.exit(1)
 
 
 def _json_default(value: Any) -> Any:
@@ -779,13 +917,21 @@ def intents_stats(as_json: bool) -> None:
 
 
 @main.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Beyond loopback it needs VIDPOLL_DASHBOARD_TOKEN.")
 @click.option("--port", default=8800, show_default=True, type=click.IntRange(0, 65535))
 def serve_cmd(host: str, port: int) -> None:
-    """Serve POST /webhooks/sume (needs SUME_WEBHOOK_SECRET), /healthz and /readyz."""
+    """Serve the dashboard (/), Prometheus /metrics, POST /webhooks/sume (needs
+    SUME_WEBHOOK_SECRET), /healthz and /readyz."""
     from vidpoll.web import make_app, start_server
 
     settings = _settings()
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    if not loopback and not settings.dashboard_token:
+        click.echo(f"error: --host {host} exposes the dashboard beyond this machine; set "
+                   "VIDPOLL_DASHBOARD_TOKEN (or keep the default 127.0.0.1 behind a proxy)",
+                   err=True)
+        sys.exit(2)
     if not settings.webhook_secret:
         click.echo("warning: SUME_WEBHOOK_SECRET is not set; /webhooks/sume answers 503",
                    err=True)
@@ -794,9 +940,12 @@ def serve_cmd(host: str, port: int) -> None:
         store = await _open_store(settings)
         try:
             runner, url = await start_server(
-                make_app(store, settings.webhook_secret or None, settings.webhook_tolerance_s),
+                make_app(store, settings.webhook_secret or None, settings.webhook_tolerance_s,
+                         dashboard_token=settings.dashboard_token or None,
+                         loopback_only=loopback and not settings.dashboard_token),
                 host, port)
-            click.echo(f"vidpoll serving on {url}", err=True)
+            click.echo(f"vidpoll serving on {url} (dashboard at /, metrics at /metrics)",
+                       err=True)
             await _until_signalled()
             await runner.cleanup()
         finally:

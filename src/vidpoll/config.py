@@ -70,6 +70,8 @@ class Settings:
     rate_burst: float | None = None
     webhook_secret: str = field(default="", repr=False)
     webhook_tolerance_s: float = 300.0
+    dashboard_token: str = field(default="", repr=False)
+    """VIDPOLL_DASHBOARD_TOKEN: required by `vidpoll serve` bound beyond loopback."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -106,6 +108,7 @@ class Settings:
             rate_burst=_float(env, "VIDPOLL_RATE_BURST", 0.0, minimum=1.0) or None,
             webhook_secret=env.get("SUME_WEBHOOK_SECRET", "").strip(),
             webhook_tolerance_s=_float(env, "VIDPOLL_WEBHOOK_TOLERANCE_S", 300.0, minimum=1.0),
+            dashboard_token=env.get("VIDPOLL_DASHBOARD_TOKEN", "").strip(),
         )
 
     def require_api_key(self, account: str = DEFAULT_ACCOUNT) -> str:

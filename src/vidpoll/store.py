@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -106,6 +108,22 @@ def _job_view(row: dict[str, Any], state: str, files: Any) -> Job:
                account=row["account"], result=row["result"], result_state=row["result_state"],
                files=tuple(MediaFile(f["path"], f["size"], f["sha256"], f["url"])
                            for f in listed))
+
+
+def _encode_cursor(at: datetime | None, job_id: str) -> str:
+    raw = json.dumps([at.isoformat() if at else None, job_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str | None) -> tuple[datetime | None, str | None]:
+    """A page cursor back to (time, job id); a malformed one is a ValueError."""
+    if not cursor:
+        return None, None
+    try:
+        at, job_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return (datetime.fromisoformat(at) if at else None), str(job_id)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"not a page cursor: {cursor[:40]!r}") from exc
 
 
 def _intent(row: dict[str, Any]) -> Intent:
@@ -525,19 +543,26 @@ class PgStore:
         return await self._all("minutes_since", {"minutes": minutes})
 
     async def list_jobs(self, state: str | None = None, account: str | None = None,
-                        limit: int = 50, after: tuple[datetime | None, str] | None = None
-                        ) -> list[dict[str, Any]]:
-        """One page of rows: pending in due order, finished newest first, or all by id; `after`
-        is the (time, job id) of the previous page's last row (keyset paging)."""
-        after_at, after_id = after if after is not None else (None, None)
-        params = {"state": state if state not in (None, "pending", "finished") else None,
-                  "account": account, "limit": limit, "after_at": after_at,
+                        limit: int = 50, cursor: str | None = None
+                        ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of rows and the cursor of the next page (None on the last one): pending
+        rows in due order, finished ones newest first (`state` one final state, or
+        "finished" for all), or every row by id; keyset paging, fast at any depth."""
+        after_at, after_id = _decode_cursor(cursor)
+        params = {"state": state if state not in (None, PENDING, "finished") else None,
+                  "account": account, "limit": limit + 1, "after_at": after_at,
                   "after_id": after_id}
         if state == PENDING:
-            return await self._all("list_pending", params)
-        if state is not None:
-            return await self._all("list_finished", params)
-        return await self._all("list_all", params)
+            rows, key = await self._all("list_pending", params), "next_poll_at"
+        elif state is not None:
+            rows, key = await self._all("list_finished", params), "finished_at"
+        else:
+            rows, key = await self._all("list_all", params), ""
+        if len(rows) <= limit:
+            return rows, None
+        rows = rows[:limit]
+        last = rows[-1]
+        return rows, _encode_cursor(last[key] if key else None, last["job_id"])
 
     async def poll_now(self, job_id: str) -> bool | None:
         """Make a pending job due now; None if no pending row, else whether it was idle (a

@@ -86,7 +86,7 @@ def test_embedded_path_end_to_end(new_user_env):
         assert intents["states"] == {"submitted": 2}
         linked = json.loads(vidpoll(env, "intents", "show", "e2e-key-1").stdout)
         assert linked["job_id"] == sent.stdout.strip()
-        shown = json.loads(vidpoll(env, "jobs", "show", "e2e/2").stdout)
+        shown = json.loads(vidpoll(env, "jobs", "show", "e2e/2", "--json").stdout)
         assert shown["state"] == "completed" and shown["provider_status"] == "completed"
         assert KEY not in run.stderr + stats.stderr + first.stderr
         missing = vidpoll(env, "jobs", "show", "nope")

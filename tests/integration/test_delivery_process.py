@@ -51,7 +51,7 @@ async def test_kill_9_mid_download_publishes_nothing_and_a_restart_resumes(
     [d] = await store.job_deliveries("v1")
     assert d["state"] == "done" and d["attempts"] == 2
     assert d["detail"]["files"][0]["sha256"] == hashlib.sha256(content).hexdigest()
-    code, out, _ = await run_cli(env, "jobs", "show", "v1")
+    code, out, _ = await run_cli(env, "jobs", "show", "v1", "--json")
     assert code == 0 and "sig=" not in out and "/media/v1/video.mp4" in out  # no signature
     assert "sig=" not in err.decode()  # nor in the worker's log
 

@@ -44,7 +44,7 @@ async def test_jobs_show_has_the_row_the_intent_and_the_history(store, fake, fak
     sub = make_submitter()
     await run_until(sub, lambda: sub.stats.submitted == 1)
     job_id = fake.by_key["k1"]
-    code, out, err = await run_cli(cli_env(db_url, fake_url), "jobs", "show", job_id)
+    code, out, err = await run_cli(cli_env(db_url, fake_url), "jobs", "show", job_id, "--json")
     assert code == 0, err
     shown = json.loads(out)
     assert shown["state"] == "pending" and shown["intent"]["key"] == "k1"

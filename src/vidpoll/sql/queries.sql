@@ -807,6 +807,8 @@ SELECT job_id, state, account, next_poll_at, polls, consecutive_errors, last_err
 FROM video_jobs
 WHERE state = 'pending'
   AND (%(account)s::text IS NULL OR account = %(account)s)
+  -- the first condition bounds the index scan (the row comparison alone would only filter)
+  AND (%(after_at)s::timestamptz IS NULL OR next_poll_at >= %(after_at)s::timestamptz)
   AND (%(after_at)s::timestamptz IS NULL
        OR (next_poll_at, job_id) > (%(after_at)s::timestamptz, %(after_id)s::text))
 ORDER BY next_poll_at, job_id

@@ -1,5 +1,6 @@
-"""`vidpoll serve`: one small aiohttp server. For now: Sume's webhooks (a hint that makes a job
-due now) and /healthz, /readyz. The dashboard and metrics of the ops issue join it here."""
+"""`vidpoll serve`: one small aiohttp server with Sume's webhooks (a hint that makes a job due
+now), the dashboard (vidpoll.web.dashboard), Prometheus metrics, /healthz and /readyz.
+`vidpoll worker --metrics-port` serves only the metrics and health routes (`metrics_app`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import time
 from collections.abc import Callable
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from vidpoll import metrics
 from vidpoll.errors import DatabaseUnavailable, SchemaError
 from vidpoll.store import PgStore
+from vidpoll.web.dashboard import Guard, setup_dashboard
 from vidpoll.webhook import (
     DEFAULT_TOLERANCE_S,
     MAX_BODY_BYTES,
@@ -24,10 +28,19 @@ log = logging.getLogger(__name__)
 STORE = web.AppKey("store", PgStore)
 
 
+GAUGES_MAX_AGE_S = 5.0
+"""A scrape reads the database's counts at most this often (they cost a table scan)."""
+
+
 def make_app(store: PgStore, webhook_secret: str | None,
              tolerance_s: float = DEFAULT_TOLERANCE_S,
-             clock: Callable[[], float] = time.time) -> web.Application:
-    """The application; without a webhook secret the webhook route answers 503."""
+             clock: Callable[[], float] = time.time, *, dashboard: bool = True,
+             dashboard_token: str | None = None,
+             loopback_only: bool = True) -> web.Application:
+    """The application; without a webhook secret the webhook route answers 503.
+
+    `loopback_only`: the server is bound to loopback and has no token, so the dashboard
+    answers only to a loopback Host header."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[STORE] = store
 
@@ -58,6 +71,25 @@ def make_app(store: PgStore, webhook_secret: str | None,
             log.info("webhook for a job vidpoll does not track: %s (event %s)", job_id, event_id)
         return web.json_response({"status": effect, "made_due": made_due})
 
+    app.router.add_post("/webhooks/sume", webhook)
+    add_health_and_metrics(app, store)
+    if dashboard:
+        setup_dashboard(app, store, Guard(dashboard_token, loopback_only))
+    return app
+
+
+def metrics_app(store: PgStore) -> web.Application:
+    """What `worker --metrics-port` serves: /metrics, /healthz, /readyz."""
+    app = web.Application()
+    add_health_and_metrics(app, store)
+    return app
+
+
+def add_health_and_metrics(app: web.Application, store: PgStore) -> None:
+    """/healthz (the process answers), /readyz (database reachable, schema current) and
+    /metrics (this process's counters, and the table's counts read at scrape time)."""
+    refreshed = [0.0]
+
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
@@ -68,10 +100,25 @@ def make_app(store: PgStore, webhook_secret: str | None,
             return web.json_response({"status": "unavailable", "reason": str(exc)}, status=503)
         return web.json_response({"status": "ready"})
 
-    app.router.add_post("/webhooks/sume", webhook)
+    async def scrape(request: web.Request) -> web.Response:
+        if time.monotonic() - refreshed[0] > GAUGES_MAX_AGE_S:
+            try:
+                counts = await store.counts()
+                due, oldest = await store.due_backlog_sample()
+            except DatabaseUnavailable:
+                pass  # the process's own counters are still worth a scrape
+            else:
+                for state, n in counts.items():
+                    metrics.JOBS.labels(state).set(n)
+                metrics.DUE.set(due)
+                metrics.OLDEST_DUE.set(oldest)
+                refreshed[0] = time.monotonic()
+        return web.Response(body=generate_latest(metrics.REGISTRY),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    return app
+    app.router.add_get("/metrics", scrape)
 
 
 async def start_server(app: web.Application, host: str, port: int

@@ -1,0 +1,187 @@
+"""`vidpoll doctor`: what the database's own statistics say about vidpoll's tables, as findings
+with a fix each. Pure: `diagnose` reads the report `PgStore.doctor()` collects, no I/O.
+
+The checks are the classic failures of Postgres queues: a claim query that stopped using its
+partial index, dead rows piling up (autovacuum off or held back), a bloated hot index, an old
+transaction or replication slot holding the xmin horizon back (so vacuum removes nothing),
+connections running out, listeners missing or the NOTIFY queue filling up, claims stuck.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+
+DEAD_RATIO_WARN = 0.2
+"""Dead rows per live row above which a table is behind on vacuum."""
+INDEX_BYTES_PER_PENDING_ROW_WARN = 400
+"""The due index holds ~40 bytes per pending row when healthy; ten times that is bloat."""
+XMIN_AGE_WARN_S = 300.0
+XMIN_AGE_FAIL_S = 3600.0
+CONNECTIONS_WARN = 0.8
+NOTIFY_QUEUE_WARN = 0.5
+MIN_INDEX_CHECK_BYTES = 1 << 20
+"""Smaller indexes are not judged by bytes per row (a few pages are always there)."""
+SHIPPED_OPTIONS = {"fillfactor=80", "autovacuum_vacuum_scale_factor=0.02"}
+"""What migration 0002 sets on video_jobs; without it the hot table bloats sooner."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One check's verdict, what it saw, and what to do."""
+
+    check: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def diagnose(report: dict[str, Any], latest_schema: int) -> list[Finding]:
+    """Every check, in the order an operator would look."""
+    return list(_checks(report, latest_schema))
+
+
+def _checks(report: dict[str, Any], latest: int) -> Iterator[Finding]:
+    version = report.get("schema_version")
+    if version == latest:
+        yield Finding("schema", OK, f"version {version}, current")
+    else:
+        yield Finding("schema", FAIL, f"version {version}, this vidpoll needs {latest}",
+                      "run `vidpoll migrate` (or upgrade vidpoll if the schema is newer)")
+    yield _claim_plan(report.get("claim_plan"))
+    yield from _tables(report.get("tables", []))
+    yield from _indexes(report.get("indexes", []))
+    yield from _xmin(report.get("xmin", []))
+    yield from _connections(report.get("connections") or {})
+    stuck = report.get("stuck_claims", [])
+    if stuck:
+        who = ", ".join(f"{s['claimed_by']} ({s['rows']} rows since {s['since']:%H:%M:%S})"
+                        for s in stuck[:5])
+        yield Finding("stuck claims", WARN, f"leases ended over a minute ago without a "
+                      f"record: {who}", "the rows are due again and another worker reads "
+                      "them; look at that worker (hung, or its database connection cut)")
+    else:
+        yield Finding("stuck claims", OK, "no lease overdue by more than a minute")
+
+
+def _plan_nodes(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, list):
+        for item in node:
+            yield from _plan_nodes(item)
+    elif isinstance(node, dict):
+        if "Node Type" in node:
+            yield node
+        for key in ("Plan", "Plans"):
+            if key in node:
+                yield from _plan_nodes(node[key])
+
+
+def _claim_plan(plan: Any) -> Finding:
+    nodes = list(_plan_nodes(plan))
+    scans = [n for n in nodes if n.get("Relation Name") == "video_jobs"
+             and "Scan" in n.get("Node Type", "")]
+    seq = [n for n in scans if n["Node Type"] == "Seq Scan"]
+    used = sorted({n.get("Index Name", "") for n in scans if n.get("Index Name")})
+    if seq or not used:
+        return Finding("claim query", FAIL, "the claim reads video_jobs without its partial "
+                       "index (a sequential scan)", "run ANALYZE video_jobs; check that "
+                       "video_jobs_account_due_idx and video_jobs_next_poll_at_idx exist "
+                       "(`vidpoll migrate` recreates them)")
+    return Finding("claim query", OK, f"uses {', '.join(used)}")
+
+
+def _tables(tables: list[dict[str, Any]]) -> Iterator[Finding]:
+    for t in tables:
+        name, live, dead = t["table_name"], int(t["live"] or 0), int(t["dead"] or 0)
+        ratio = dead / max(live, 1)
+        if dead > 1000 and ratio > DEAD_RATIO_WARN:
+            yield Finding(f"dead rows: {name}", WARN,
+                          f"{dead:,} dead for {live:,} live rows ({ratio:.0%}); last vacuum "
+                          f"{t['last_vacuum'] or 'never'}",
+                          f"VACUUM (ANALYZE) {name}; if it keeps coming back, look for a held "
+                          "xmin horizon below, or autovacuum workers too few/slow")
+        else:
+            yield Finding(f"dead rows: {name}", OK, f"{dead:,} dead, {live:,} live")
+        if name == "video_jobs":
+            options = set(t.get("options") or [])
+            missing = SHIPPED_OPTIONS - options
+            if missing:
+                yield Finding("autovacuum settings", WARN,
+                              f"video_jobs lacks {', '.join(sorted(missing))}",
+                              "run `vidpoll migrate` (0002 sets them), or set them again "
+                              "with ALTER TABLE video_jobs SET (...)")
+            else:
+                yield Finding("autovacuum settings", OK, "video_jobs: " + ", ".join(
+                    sorted(options)))
+
+
+def _indexes(indexes: list[dict[str, Any]]) -> Iterator[Finding]:
+    for i in indexes:
+        if i["index_name"] not in ("video_jobs_next_poll_at_idx", "video_jobs_account_due_idx"):
+            continue
+        pending, size = int(i["pending_rows"] or 0), int(i["bytes"] or 0)
+        per_row = size / max(pending, 1)
+        if size > MIN_INDEX_CHECK_BYTES and per_row > INDEX_BYTES_PER_PENDING_ROW_WARN:
+            yield Finding(f"index bloat: {i['index_name']}", WARN,
+                          f"{size / 1e6:.1f} MB for {pending:,} pending rows "
+                          f"({per_row:,.0f} bytes each)",
+                          f"REINDEX INDEX CONCURRENTLY {i['index_name']}")
+        else:
+            yield Finding(f"index bloat: {i['index_name']}", OK,
+                          f"{size / 1e6:.2f} MB for {pending:,} pending rows")
+
+
+def _xmin(holders: list[dict[str, Any]]) -> Iterator[Finding]:
+    if not holders:
+        yield Finding("xmin horizon", OK, "nothing holds it back")
+        return
+    top = holders[0]
+    age_s = top.get("age_s")
+    what = f"{top['holder']} {top['who']} ({top['detail'] or '-'})"
+    if top["holder"] != "session" or (age_s is not None and age_s > XMIN_AGE_FAIL_S):
+        yield Finding("xmin horizon", FAIL if top["holder"] == "session" else WARN,
+                      f"{what} holds it back ({_age(age_s)}, {top['xmin_age']:,} xids)",
+                      "vacuum cannot remove dead rows newer than it: end that transaction "
+                      "(pg_terminate_backend), drop the unused slot, or COMMIT/ROLLBACK "
+                      "PREPARED")
+    elif age_s is not None and age_s > XMIN_AGE_WARN_S:
+        yield Finding("xmin horizon", WARN, f"{what} open for {_age(age_s)}",
+                      "a long transaction keeps vacuum from cleaning the hot table; find it "
+                      "in pg_stat_activity")
+    else:
+        yield Finding("xmin horizon", OK, f"oldest snapshot {_age(age_s)} old")
+
+
+def _connections(c: dict[str, Any]) -> Iterator[Finding]:
+    if not c:
+        return
+    used, limit = int(c["used"]), int(c["max_connections"])
+    status = WARN if used > CONNECTIONS_WARN * limit else OK
+    yield Finding("connections", status, f"{used} of {limit} in use",
+                  "" if status == OK else "fewer --db-connections per worker, or PgBouncer "
+                  "in transaction mode with `worker --claim lease --no-listen`")
+    if c["autovacuum"] != "on" or c["track_counts"] != "on":
+        yield Finding("autovacuum", FAIL, f"autovacuum={c['autovacuum']}, "
+                      f"track_counts={c['track_counts']}", "turn both on: the hot table "
+                      "bloats without them")
+    else:
+        yield Finding("autovacuum", OK, "on")
+    usage = float(c["notify_queue_usage"] or 0)
+    listeners = int(c["listeners"])
+    if usage > NOTIFY_QUEUE_WARN:
+        yield Finding("listeners", WARN, f"NOTIFY queue {usage:.0%} full",
+                      "a listener stopped reading (a session LISTENing inside a long "
+                      "transaction?); workers still poll on their timers")
+    else:
+        yield Finding("listeners", OK, f"{listeners} listening session(s), NOTIFY queue "
+                      f"{usage:.0%} full" + ("" if listeners else "; workers with --no-listen "
+                                            "or none running: wake-ups come from timers"))
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "age unknown"
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"

@@ -1,0 +1,311 @@
+"""The dashboard: server-rendered pages (Jinja2, no JavaScript) over the job table.
+
+Pages: the overview (counts, backlog, lateness and reads over the last hour as SVG charts,
+recent errors, stuck claims, deliveries), the jobs table (filters, keyset paging that stays fast
+at a million rows), a job's detail (row, intent, result without signed query strings,
+deliveries, history) with its actions (resume, poll now, retry the intent).
+
+Security: every state-changing action is a POST carrying a CSRF token (an HMAC of the session,
+checked in constant time) and, when the browser says where it comes from, the same origin. With
+VIDPOLL_DASHBOARD_TOKEN set every page asks for it once (a login form sets an HttpOnly,
+SameSite=Strict cookie holding an HMAC of the token, never the token); `vidpoll serve` refuses
+to bind beyond loopback without one. Bound to loopback without a token, only a loopback Host
+header is served (no DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import jinja2
+from aiohttp import web
+from markupsafe import Markup, escape
+
+from vidpoll.media import without_signatures
+from vidpoll.models import LOCAL_TERMINAL_STATES, PENDING, REJECTED
+from vidpoll.store import PgStore
+
+SESSION_COOKIE = "vidpoll_session"
+PAGE_SIZES = (25, 50, 100, 200)
+STATES = ("pending", "finished", "completed", "failed", "canceled", "expired", "gave_up",
+          "not_found")
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+CHART_MINUTES = 60
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Guard:
+    """The dashboard's token wall and CSRF tokens."""
+
+    def __init__(self, token: str | None, loopback_only: bool) -> None:
+        self.token = token or None
+        self.loopback_only = loopback_only
+        # signs sessions and CSRF tokens; derived from the token so several servers agree,
+        # random per process without one
+        self._key = (hashlib.sha256(b"vidpoll-dashboard:" + self.token.encode()).digest()
+                     if self.token else secrets.token_bytes(32))
+
+    def _sign(self, what: str) -> str:
+        return hmac.new(self._key, what.encode(), hashlib.sha256).hexdigest()
+
+    def session_value(self) -> str:
+        """The cookie a correct login gets (an HMAC, not the token)."""
+        return self._sign("session")
+
+    def signed_in(self, request: web.Request) -> bool:
+        """No token configured, or the session cookie / Bearer header is right."""
+        if self.token is None:
+            return True
+        cookie = request.cookies.get(SESSION_COOKIE, "")
+        if cookie and hmac.compare_digest(cookie, self.session_value()):
+            return True
+        auth = request.headers.get("Authorization", "")
+        given = auth[7:] if auth.lower().startswith("bearer ") else ""
+        return bool(given) and hmac.compare_digest(given.encode(), self.token.encode())
+
+    def token_ok(self, given: str) -> bool:
+        """The login form's token, compared in constant time."""
+        return self.token is not None and hmac.compare_digest(given.encode(),
+                                                              self.token.encode())
+
+    def csrf(self, request: web.Request) -> str:
+        """The CSRF token for forms on this session."""
+        return self._sign("csrf:" + request.cookies.get(SESSION_COOKIE, "-"))
+
+    def csrf_ok(self, request: web.Request, given: str) -> bool:
+        """The form's token matches, and the request comes from this origin (if it says)."""
+        origin = request.headers.get("Origin")
+        if origin and origin != "null" and urlsplit(origin).netloc != request.host:
+            return False
+        return hmac.compare_digest(given.encode(), self.csrf(request).encode())
+
+
+def _host_of(header: str) -> str:
+    if header.startswith("["):
+        return header.split("]")[0] + "]"
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def setup_dashboard(app: web.Application, store: PgStore, guard: Guard) -> None:
+    """Add the dashboard's routes and its guard to `app`."""
+    env = jinja2.Environment(loader=jinja2.PackageLoader("vidpoll.web", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    env.filters["when"] = _when
+    env.filters["ago"] = _ago
+    env.filters["q"] = lambda v: quote(str(v), safe="")
+    env.globals["STATES"] = STATES
+
+    def render(request: web.Request, name: str, status: int = 200,
+               **context: Any) -> web.Response:
+        html = env.get_template(name).render(
+            csrf=guard.csrf(request), signed_in=guard.token is not None, path=request.path,
+            **context)
+        return web.Response(text=html, content_type="text/html", status=status, headers={
+            "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self' "
+                                       "data:; form-action 'self'; frame-ancestors 'none'",
+            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin",
+            "Cache-Control": "no-store"})
+
+    @web.middleware
+    async def wall(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if not _dashboard_path(path):
+            return await handler(request)
+        if guard.loopback_only and _host_of(request.host) not in LOOPBACK_HOSTS:
+            return web.Response(status=421, text="this dashboard answers only on loopback")
+        if path in ("/login", "/static/style.css") or guard.signed_in(request):
+            return await handler(request)
+        if request.method != "GET":
+            return web.Response(status=401, text="sign in first")
+        raise web.HTTPSeeOther(f"/login?next={quote(request.path_qs, safe='')}")
+
+    app.middlewares.append(wall)
+
+    async def overview(request: web.Request) -> web.Response:
+        counts = await store.counts()
+        due, late = await store.backlog()
+        series = _series(await store.minutes_since(CHART_MINUTES), datetime.now(UTC))
+        return render(request, "overview.html", counts=counts,
+                      total=sum(counts.values()), due=due, late=late,
+                      charts=[_bar_chart(series["reads"], "Status reads per minute", ""),
+                              _bar_chart(series["errors"], "Failed reads per minute", ""),
+                              _bar_chart(series["late_max"], "Worst lateness per minute", "s"),
+                              _bar_chart(series["backlog"], "Rows due (sampled each minute)",
+                                         "")],
+                      errors=without_signatures(await store.recent_errors(15)),
+                      stuck=await store.stuck_claims(),
+                      deliveries=await store.delivery_counts())
+
+    async def jobs(request: web.Request) -> web.Response:
+        state = request.query.get("state") or None
+        account = request.query.get("account") or None
+        if state is not None and state not in STATES:
+            raise web.HTTPBadRequest(text=f"unknown state {state!r}")
+        try:
+            limit = int(request.query.get("limit", "50"))
+        except ValueError:
+            limit = 50
+        limit = limit if limit in PAGE_SIZES else 50
+        cursor = request.query.get("after") or None
+        try:
+            rows, next_cursor = await store.list_jobs(state, account, limit, cursor)
+        except ValueError:
+            raise web.HTTPBadRequest(text="not a page cursor") from None
+        base = {k: v for k, v in (("state", state), ("account", account),
+                                  ("limit", str(limit))) if v}
+        next_url = None
+        if next_cursor:
+            next_url = "/jobs?" + "&".join(f"{k}={quote(v, safe='')}"
+                                           for k, v in {**base, "after": next_cursor}.items())
+        return render(request, "jobs.html", rows=rows, state=state or "", account=account or "",
+                      limit=limit, sizes=PAGE_SIZES, next_url=next_url, first=cursor is None)
+
+    async def job(request: web.Request) -> web.Response:
+        job_id = request.query.get("id", "")
+        row = await store.get_job(job_id)
+        archived = row is None
+        if row is None:
+            row = await store.get_archived_job(job_id)
+        if row is None:
+            return render(request, "missing.html", status=404, job_id=job_id)
+        intent = await store.intent_of_job(job_id)
+        result = row.pop("result", None)
+        return render(request, "job.html", job=without_signatures(row), archived=archived,
+                      intent=intent, result=without_signatures(result),
+                      history=await store.job_history(job_id),
+                      deliveries=without_signatures(await store.job_deliveries(job_id)),
+                      can_resume=not archived and row["state"] in (PENDING,
+                                                                   *LOCAL_TERMINAL_STATES),
+                      can_poll=not archived and row["state"] == PENDING,
+                      can_retry_intent=intent is not None and intent.state == REJECTED,
+                      done=request.query.get("done"))
+
+    async def action(request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        if not guard.csrf_ok(request, str(form.get("csrf", ""))):
+            return web.Response(status=403, text="stale or forged form; reload the page")
+        job_id, what = str(form.get("id", "")), str(form.get("action", ""))
+        if what == "resume":
+            ok = await store.resume(job_id)
+        elif what == "poll_now":
+            ok = await store.poll_now(job_id) is not None
+        elif what == "retry_intent":
+            intent = await store.intent_of_job(job_id)
+            ok = intent is not None and bool(await store.requeue_intents([intent.key]))
+        else:
+            raise web.HTTPBadRequest(text="unknown action")
+        done = what if ok else f"{what}_refused"
+        raise web.HTTPSeeOther(f"/jobs/view?id={quote(job_id, safe='')}&done={done}")
+
+    async def login(request: web.Request) -> web.StreamResponse:
+        nxt = request.query.get("next", "/")
+        if not nxt.startswith("/") or nxt.startswith("//"):
+            nxt = "/"  # never an open redirect
+        if request.method == "GET":
+            return render(request, "login.html", next=nxt, wrong=False, needed=bool(guard.token))
+        form = await request.post()
+        if not guard.token_ok(str(form.get("token", ""))):
+            return render(request, "login.html", status=401, next=nxt, wrong=True, needed=True)
+        response = web.HTTPSeeOther(nxt)
+        response.set_cookie(SESSION_COOKIE, guard.session_value(), httponly=True,
+                            samesite="Strict", max_age=12 * 3600)
+        raise response
+
+    app.router.add_get("/", overview)
+    app.router.add_get("/jobs", jobs)
+    app.router.add_get("/jobs/view", job)
+    app.router.add_post("/jobs/action", action)
+    app.router.add_route("*", "/login", login)
+    app.router.add_static("/static", _static_dir())
+
+
+def _dashboard_path(path: str) -> bool:
+    return not (path.startswith(("/webhooks/", "/metrics"))
+                or path in ("/healthz", "/readyz"))
+
+
+def _static_dir() -> str:
+    from importlib.resources import files
+
+    return str(files("vidpoll.web") / "static")
+
+
+def _when(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return "" if value is None else str(value)
+
+
+def _ago(value: Any) -> str:
+    if not isinstance(value, datetime):
+        return ""
+    seconds = (datetime.now(UTC) - value).total_seconds()
+    word = "ago" if seconds >= 0 else "from now"
+    seconds = abs(seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s {word}"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min {word}"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f} h {word}"
+    return f"{seconds / 86400:.0f} d {word}"
+
+
+def _series(rows: list[dict[str, Any]], now: datetime) -> dict[str, list[tuple[datetime, float]]]:
+    """Per-minute values of the last hour (missing minutes are 0)."""
+    end = now.replace(second=0, microsecond=0)
+    minutes = [end - timedelta(minutes=i) for i in range(CHART_MINUTES - 1, -1, -1)]
+    reads = dict.fromkeys(minutes, 0.0)
+    errors = dict.fromkeys(minutes, 0.0)
+    late = dict.fromkeys(minutes, 0.0)
+    backlog = dict.fromkeys(minutes, 0.0)
+    for r in rows:
+        minute = r["minute"].astimezone(UTC)
+        if minute not in reads:
+            continue
+        if r["kind"] == "poll":
+            reads[minute] += r["n"]
+            if r["outcome"] not in ("final", "not_ready"):
+                errors[minute] += r["n"]
+            late[minute] = max(late[minute], r["late_max_s"])
+        elif r["kind"] == "backlog":
+            backlog[minute] = max(backlog[minute], r["n"])
+    return {"reads": list(reads.items()), "errors": list(errors.items()),
+            "late_max": list(late.items()), "backlog": list(backlog.items())}
+
+
+def _bar_chart(points: list[tuple[datetime, float]], title: str, unit: str) -> Markup:
+    """An accessible SVG bar chart (role=img, a title and a one-line summary)."""
+    width, height, pad = 600, 120, 18
+    top = max((v for _, v in points), default=0.0)
+    summary = title
+    if points:
+        peak = max(points, key=lambda p: p[1])
+        summary = f"{title}, last {len(points)} minutes: peak {_fmt(top)}{unit}"
+        if top > 0:
+            summary += f" at {peak[0]:%H:%M} UTC"
+        summary += f", latest {_fmt(points[-1][1])}{unit}"
+    bar_w = (width - 2) / max(len(points), 1)
+    bars = []
+    for i, (minute, value) in enumerate(points):
+        h = 0.0 if top <= 0 else (height - pad) * value / top
+        bars.append(f'<rect x="{1 + i * bar_w:.1f}" y="{height - h:.1f}" '
+                    f'width="{max(bar_w - 1, 1):.1f}" height="{h:.1f}">'
+                    f"<title>{minute:%H:%M} {_fmt(value)}{escape(unit)}</title></rect>")
+    svg = (f'<figure class="chart"><figcaption>{escape(title)}</figcaption>'
+           f'<svg viewBox="0 0 {width} {height}" role="img" aria-label="{escape(summary)}" '
+           f'preserveAspectRatio="none"><title>{escape(summary)}</title>'
+           f'<text x="4" y="12">max {_fmt(top)}{escape(unit)}</text>{"".join(bars)}</svg>'
+           f'<p class="summary">{escape(summary)}</p></figure>')
+    return Markup(svg)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 or value == int(value) else f"{value:.2f}"
