@@ -5,8 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# The browser tests drive Debian's Chromium (Playwright's Python package talks to it; no
+# browser download). `make test` installs it when it is missing: as root, or with sudo.
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint clean browser
 
 install: $(STAMP)
 
@@ -24,8 +28,15 @@ lint: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+$(CHROMIUM):
+	@command -v apt-get >/dev/null || { echo "the browser tests need Chromium at $(CHROMIUM); install it, or point CHROMIUM= and VIDPOLL_CHROMIUM= at one"; exit 1; }
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
+browser: $(CHROMIUM)
+
+test: lint browser
+	VIDPOLL_CHROMIUM=$(CHROMIUM) $(BIN)/pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis test-artifacts

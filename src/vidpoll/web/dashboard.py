@@ -283,7 +283,7 @@ def _series(rows: list[dict[str, Any]], now: datetime) -> dict[str, list[tuple[d
 
 def _bar_chart(points: list[tuple[datetime, float]], title: str, unit: str) -> Markup:
     """An accessible SVG bar chart (role=img, a title and a one-line summary)."""
-    width, height, pad = 600, 120, 18
+    width, height, pad = 600, 120, 4
     top = max((v for _, v in points), default=0.0)
     summary = title
     if points:
@@ -299,10 +299,10 @@ def _bar_chart(points: list[tuple[datetime, float]], title: str, unit: str) -> M
         bars.append(f'<rect x="{1 + i * bar_w:.1f}" y="{height - h:.1f}" '
                     f'width="{max(bar_w - 1, 1):.1f}" height="{h:.1f}">'
                     f"<title>{minute:%H:%M} {_fmt(value)}{escape(unit)}</title></rect>")
-    svg = (f'<figure class="chart"><figcaption>{escape(title)}</figcaption>'
+    svg = (f'<figure class="chart"><figcaption>{escape(title)} <span class="max">max '
+           f'{_fmt(top)}{escape(unit)}</span></figcaption>'
            f'<svg viewBox="0 0 {width} {height}" role="img" aria-label="{escape(summary)}" '
-           f'preserveAspectRatio="none"><title>{escape(summary)}</title>'
-           f'<text x="4" y="12">max {_fmt(top)}{escape(unit)}</text>{"".join(bars)}</svg>'
+           f'preserveAspectRatio="none"><title>{escape(summary)}</title>{"".join(bars)}</svg>'
            f'<p class="summary">{escape(summary)}</p></figure>')
     return Markup(svg)
 

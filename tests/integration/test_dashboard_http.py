@@ -1,0 +1,126 @@
+"""The dashboard's HTTP surface without a browser: the token wall, CSRF, the Host check, escaping,
+no signed URL on a page, and `vidpoll serve` refusing to expose itself without a token."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import psycopg
+import pytest
+
+from vidpoll.web import make_app, start_server
+
+from .test_process import cli_env
+
+TOKEN = "dash-token-7d2a0b"
+
+
+@pytest.fixture
+async def open_site(store) -> AsyncIterator[str]:
+    runner, url = await start_server(make_app(store, None, loopback_only=True), "127.0.0.1", 0)
+    yield url
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def walled_site(store) -> AsyncIterator[str]:
+    runner, url = await start_server(make_app(store, None, dashboard_token=TOKEN,
+                                              loopback_only=False), "127.0.0.1", 0)
+    yield url
+    await runner.cleanup()
+
+
+async def get(url: str, **kwargs: Any) -> tuple[int, str, Any]:
+    async with aiohttp.ClientSession() as http, http.get(url, allow_redirects=False,
+                                                         **kwargs) as resp:
+        return resp.status, await resp.text(), resp.headers
+
+
+async def csrf_of(url: str, job_id: str, **kwargs: Any) -> str:
+    _, html, _ = await get(f"{url}/jobs/view?id={job_id}", **kwargs)
+    match = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert match, html
+    return match.group(1)
+
+
+async def post_action(url: str, form: dict[str, str], **kwargs: Any) -> int:
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{url}/jobs/action", data=form, allow_redirects=False, **kwargs) as resp:
+        return resp.status
+
+
+async def test_actions_need_the_csrf_token_and_the_same_origin(open_site, store):
+    await store.add_job("j1", delay_s=3600)
+    before = (await store.get_job("j1"))["next_poll_at"]
+    form = {"id": "j1", "action": "poll_now"}
+    assert await post_action(open_site, form) == 403  # no token
+    assert await post_action(open_site, {**form, "csrf": "0" * 64}) == 403  # forged
+    token = await csrf_of(open_site, "j1")
+    assert await post_action(open_site, {**form, "csrf": token},
+                             headers={"Origin": "https://evil.example"}) == 403
+    assert (await store.get_job("j1"))["next_poll_at"] == before  # nothing changed
+    assert await post_action(open_site, {**form, "csrf": token}) == 303
+    assert (await store.get_job("j1"))["next_poll_at"] < before
+
+
+async def test_a_loopback_dashboard_answers_only_to_a_loopback_host(open_site):
+    assert (await get(open_site + "/"))[0] == 200
+    status, _, _ = await get(open_site + "/", headers={"Host": "attacker.example:8800"})
+    assert status == 421  # a DNS-rebinding page cannot read it
+    # the webhook, metrics and health routes are not the dashboard's
+    assert (await get(open_site + "/healthz", headers={"Host": "x.example"}))[0] == 200
+
+
+async def test_the_token_wall(walled_site):
+    status, _, headers = await get(walled_site + "/jobs?state=failed")
+    assert status == 303 and headers["Location"].startswith("/login?next=")
+    assert (await get(walled_site + "/", headers={"Authorization": f"Bearer {TOKEN}"}))[0] == 200
+    assert (await get(walled_site + "/", headers={"Authorization": "Bearer nope"}))[0] == 303
+    assert (await get(walled_site + "/metrics"))[0] == 200
+    assert (await get(walled_site + "/static/style.css"))[0] == 200
+    async with aiohttp.ClientSession() as http:
+        async with http.post(walled_site + "/login?next=//evil.example/x",
+                             data={"token": TOKEN}, allow_redirects=False) as resp:
+            assert resp.status == 303 and resp.headers["Location"] == "/"  # no open redirect
+            cookie = resp.cookies["vidpoll_session"]
+            assert TOKEN not in cookie.value and cookie["httponly"]
+        async with http.post(walled_site + "/login", data={"token": "wrong"},
+                             allow_redirects=False) as resp:
+            assert resp.status == 401
+        async with http.post(walled_site + "/jobs/action", data={"id": "x"},
+                             allow_redirects=False) as resp:
+            assert resp.status == 401  # a POST without a session is refused, not redirected
+
+
+async def test_pages_escape_what_they_show_and_never_show_a_signature(open_site, store,
+                                                                      db_url):
+    evil = '<script>alert(1)</script>'
+    await store.add_job(evil, delay_s=0)
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE video_jobs SET state = 'completed', finished_at = now(), "
+            "result_state = 'fetched', result = %s, last_error = %s WHERE job_id = %s",
+            ('{"videos": [{"url": "https://cdn.example/v.mp4?X-Amz-Signature=SECRET"}]}',
+             '<img src=x onerror=alert(2)>', evil))
+    for path in ("/", "/jobs", "/jobs?state=completed",
+                 "/jobs/view?id=%3Cscript%3Ealert(1)%3C%2Fscript%3E"):
+        status, html, headers = await get(open_site + path)
+        assert status == 200, path
+        assert "<script>" not in html and "<img src=x" not in html, path
+        assert "SECRET" not in html, path
+        assert "default-src 'none'" in headers["Content-Security-Policy"]
+    _, html, _ = await get(open_site + "/jobs/view?id=%3Cscript%3Ealert(1)%3C%2Fscript%3E")
+    assert "https://cdn.example/v.mp4" in html and "&lt;script&gt;" in html
+
+
+async def test_serve_refuses_to_expose_the_dashboard_without_a_token(db_url, fake_url):
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "vidpoll.cli", "serve", "--host", "0.0.0.0", "--port", "0",
+        env=cli_env(db_url, fake_url), stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2 and b"VIDPOLL_DASHBOARD_TOKEN" in err
