@@ -44,7 +44,7 @@ from vidpoll.media import without_signatures
 from vidpoll.models import COMPLETED, ClaimMode, Intent
 from vidpoll.runner import default_worker_id
 from vidpoll.sql import migrations
-from vidpoll.store import PgStore, migrate
+from vidpoll.store import InvalidCursor, PgStore, migrate
 from vidpoll.submitter import Submitter, SubmitterConfig
 from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig
@@ -55,6 +55,7 @@ EXIT_CODES: dict[type[VidpollError], int] = {
     ConfigError: 2, DatabaseUnavailable: 3, SchemaError: 4, IntentRejected: 5,
     InvalidJobId: 6, InvalidIntent: 6, KeyConflict: 6}
 EXIT_BAD_INPUT = 6
+MIN_TOKEN_CHARS = 16
 EXIT_NOT_COMPLETED = 7
 EXIT_WAIT_TIMEOUT = 8
 BULK_BATCH = 200
@@ -516,9 +517,11 @@ def jobs_stats(minutes: int, as_json: bool) -> None:
             elif r["kind"] == "submit":
                 submits[r["outcome"]] = submits.get(r["outcome"], 0) + int(r["n"])
         reads = sum(polls.values())
+        # the window holds `minutes` whole minutes and the one going on now
+        covered_s = minutes * 60 + datetime.now(UTC).second
         return {"states": await store.counts(), "due_now": due, "oldest_late_s": late,
                 "window_minutes": minutes, "reads": reads,
-                "reads_per_s": round(reads / (minutes * 60), 3),
+                "reads_per_s": round(reads / covered_s, 3),
                 "reads_by_outcome": polls, "submissions_by_outcome": submits,
                 "mean_lateness_s": round(late_sum / reads, 3) if reads else None,
                 "max_lateness_s": round(late_max, 3),
@@ -560,7 +563,10 @@ def jobs_stats(minutes: int, as_json: bool) -> None:
 
 
 @jobs.command("list")
-@click.option("--state", help="pending, finished, or one final state (completed, failed, ...).")
+@click.option("--state", type=click.Choice(["pending", "finished", "completed", "failed",
+                                           "canceled", "expired", "gave_up", "not_found"]),
+              help="pending (in due order), finished or one final state (newest first); "
+                   "all by id when omitted.")
 @click.option("--account", help="Only this account's rows.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--after", "cursor", help="The cursor printed under the previous page.")
@@ -572,7 +578,7 @@ def jobs_list(state: str | None, account: str | None, limit: int, cursor: str | 
     try:
         rows, next_cursor = _on_store(lambda store: store.list_jobs(state, account, limit,
                                                                     cursor))
-    except ValueError as exc:
+    except InvalidCursor as exc:
         click.echo(f"error: {exc} (use the cursor printed under a page)", err=True)
         sys.exit(EXIT_BAD_INPUT)
     if as_json:
@@ -648,6 +654,60 @@ def doctor_cmd(as_json: bool) -> None:
         console.print(table)
     if any(f.status == FAIL for f in findings):
         sys.exit(1)
+
+
+@main.group("deliveries")
+def deliveries() -> None:
+    """Downloads and completion hooks: what is pending, what failed and why."""
+
+
+@deliveries.command("list")
+@click.option("--consumer", help="Only this consumer (download, hook:module:function).")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True)
+def deliveries_list(consumer: str | None, limit: int, as_json: bool) -> None:
+    """Counts per consumer, then the failed and retrying deliveries with their last error."""
+
+    async def collect(store: PgStore) -> dict[str, Any]:
+        return {"consumers": await store.delivery_counts(),
+                "problems": await store.failed_deliveries(consumer, limit)}
+
+    shown = _on_store(collect)
+    if as_json:
+        click.echo(json.dumps(shown, default=_json_default))
+        return
+    if not shown["consumers"]:
+        click.echo("no consumer registered (start a worker with --on-terminal or "
+                   "--download-dir)")
+    for c in shown["consumers"]:
+        oldest = c["oldest_pending"]
+        click.echo(f"{c['consumer']}: {c['pending']} pending ({c['retrying']} retrying), "
+                   f"{c['done']} done, {c['failed']} failed"
+                   + (f"; oldest pending since {oldest:%Y-%m-%d %H:%M:%S}" if oldest else ""))
+    for d in shown["problems"]:
+        click.echo(f"  {d['job_id']} {d['consumer']} {d['state']} after {d['attempts']} "
+                   f"tries: {d['last_error']}")
+
+
+@deliveries.command("retry")
+@click.option("--consumer", help="Only this consumer.")
+@click.option("--job", "job_id", help="Only this job.")
+def deliveries_retry(consumer: str | None, job_id: str | None) -> None:
+    """Make failed (and backing-off) deliveries due now, with their tries reset."""
+    rows = _on_store(lambda store: store.retry_deliveries(consumer, job_id))
+    click.echo(f"{len(rows)} deliveries due again")
+
+
+@deliveries.command("forget")
+@click.argument("consumer")
+def deliveries_forget(consumer: str) -> None:
+    """Unregister a consumer (a hook that no longer exists): jobs that end from now on get no
+    delivery for it, and its undone deliveries are removed (done ones stay)."""
+    gone, dropped = _on_store(lambda store: store.forget_consumer(consumer))
+    if not gone:
+        click.echo(f"error: no consumer {consumer!r} (see `vidpoll deliveries list`)", err=True)
+        sys.exit(1)
+    click.echo(f"forgot {consumer}; removed {dropped} undone deliveries")
 
 
 def _json_default(value: Any) -> Any:
@@ -929,8 +989,12 @@ def serve_cmd(host: str, port: int) -> None:
     loopback = host in ("127.0.0.1", "localhost", "::1")
     if not loopback and not settings.dashboard_token:
         click.echo(f"error: --host {host} exposes the dashboard beyond this machine; set "
-                   "VIDPOLL_DASHBOARD_TOKEN (or keep the default 127.0.0.1 behind a proxy)",
-                   err=True)
+                   "VIDPOLL_DASHBOARD_TOKEN first", err=True)
+        sys.exit(2)
+    if settings.dashboard_token and len(settings.dashboard_token) < MIN_TOKEN_CHARS:
+        click.echo(f"error: VIDPOLL_DASHBOARD_TOKEN is shorter than {MIN_TOKEN_CHARS} "
+                   "characters; use a long random one (python -c 'import secrets; "
+                   "print(secrets.token_urlsafe(24))')", err=True)
         sys.exit(2)
     if not settings.webhook_secret:
         click.echo("warning: SUME_WEBHOOK_SECRET is not set; /webhooks/sume answers 503",

@@ -246,6 +246,7 @@ class Deliverer(Runner):
                     return
             except DatabaseUnavailable as exc:
                 db_failures += 1
+                metrics.DB_ERRORS.inc()
                 log.warning("deliveries: database unavailable (%s); retrying", exc)
                 delay = backoff_delay(db_failures, cfg.policy, self._rng, DB_BACKOFF_MAX_S)
             self.idle = self._inflight == 0

@@ -24,6 +24,10 @@ XMIN_AGE_FAIL_S = 3600.0
 CONNECTIONS_WARN = 0.8
 NOTIFY_QUEUE_WARN = 0.5
 MIN_INDEX_CHECK_BYTES = 1 << 20
+SMALL_TABLE_ROWS = 1000
+"""Below this many rows a sequential scan is the right plan, so the claim's is not judged."""
+XID_AGE_WARN = 10_000_000
+"""An xmin this many transactions old holds vacuum back, whatever its age in seconds."""
 """Smaller indexes are not judged by bytes per row (a few pages are always there)."""
 SHIPPED_OPTIONS = {"fillfactor=80", "autovacuum_vacuum_scale_factor=0.02"}
 """What migration 0002 sets on video_jobs; without it the hot table bloats sooner."""
@@ -51,7 +55,7 @@ def _checks(report: dict[str, Any], latest: int) -> Iterator[Finding]:
     else:
         yield Finding("schema", FAIL, f"version {version}, this vidpoll needs {latest}",
                       "run `vidpoll migrate` (or upgrade vidpoll if the schema is newer)")
-    yield _claim_plan(report.get("claim_plan"))
+    yield _claim_plan(report.get("claim_plan"), int(report.get("hot_rows_estimate") or 0))
     yield from _tables(report.get("tables", []))
     yield from _indexes(report.get("indexes", []))
     yield from _xmin(report.get("xmin", []))
@@ -79,12 +83,17 @@ def _plan_nodes(node: Any) -> Iterator[dict[str, Any]]:
                 yield from _plan_nodes(node[key])
 
 
-def _claim_plan(plan: Any) -> Finding:
+def _claim_plan(plan: Any, rows: int) -> Finding:
     nodes = list(_plan_nodes(plan))
-    scans = [n for n in nodes if n.get("Relation Name") == "video_jobs"
-             and "Scan" in n.get("Node Type", "")]
-    seq = [n for n in scans if n["Node Type"] == "Seq Scan"]
-    used = sorted({n.get("Index Name", "") for n in scans if n.get("Index Name")})
+    # a Bitmap Index Scan names the index but not the table; its Bitmap Heap Scan the table
+    used = sorted({n["Index Name"] for n in nodes if n.get("Index Name", "").startswith(
+        "video_jobs")})
+    seq = [n for n in nodes if n.get("Relation Name") == "video_jobs"
+           and n.get("Node Type") == "Seq Scan"]
+    if rows < SMALL_TABLE_ROWS:
+        return Finding("claim query", OK, f"not judged: video_jobs has about {rows:,} rows, "
+                       "too few for an index to be the planner's best plan"
+                       + (f" (uses {', '.join(used)})" if used else ""))
     if seq or not used:
         return Finding("claim query", FAIL, "the claim reads video_jobs without its partial "
                        "index (a sequential scan)", "run ANALYZE video_jobs; check that "
@@ -136,28 +145,39 @@ def _indexes(indexes: list[dict[str, Any]]) -> Iterator[Finding]:
 
 def _xmin(holders: list[dict[str, Any]]) -> Iterator[Finding]:
     if not holders:
-        yield Finding("xmin horizon", OK, "nothing holds it back")
+        yield Finding("xmin horizon", OK, "nothing in this database holds it back")
         return
     top = holders[0]
     age_s = top.get("age_s")
+    xid_age = int(top.get("xmin_age") or 0)
     what = f"{top['holder']} {top['who']} ({top['detail'] or '-'})"
-    if top["holder"] != "session" or (age_s is not None and age_s > XMIN_AGE_FAIL_S):
-        yield Finding("xmin horizon", FAIL if top["holder"] == "session" else WARN,
-                      f"{what} holds it back ({_age(age_s)}, {top['xmin_age']:,} xids)",
-                      "vacuum cannot remove dead rows newer than it: end that transaction "
-                      "(pg_terminate_backend), drop the unused slot, or COMMIT/ROLLBACK "
-                      "PREPARED")
-    elif age_s is not None and age_s > XMIN_AGE_WARN_S:
-        yield Finding("xmin horizon", WARN, f"{what} open for {_age(age_s)}",
-                      "a long transaction keeps vacuum from cleaning the hot table; find it "
-                      "in pg_stat_activity")
+    fix = ("vacuum cannot remove dead rows newer than it: end that transaction "
+           "(pg_terminate_backend), drop the unused slot, or COMMIT/ROLLBACK PREPARED")
+    if top["holder"] != "session":
+        if xid_age > XID_AGE_WARN or (age_s is not None and age_s > XMIN_AGE_FAIL_S):
+            yield Finding("xmin horizon", WARN, f"{what} holds it back ({_age(age_s)}, "
+                          f"{xid_age:,} xids)", fix)
+        else:
+            yield Finding("xmin horizon", OK, f"{what}, {xid_age:,} xids behind")
+    elif (age_s is not None and age_s > XMIN_AGE_FAIL_S) or xid_age > 10 * XID_AGE_WARN:
+        yield Finding("xmin horizon", FAIL, f"{what} holds it back ({_age(age_s)}, "
+                      f"{xid_age:,} xids)", fix)
+    elif (age_s is not None and age_s > XMIN_AGE_WARN_S) or xid_age > XID_AGE_WARN:
+        yield Finding("xmin horizon", WARN, f"{what} open for {_age(age_s)} ({xid_age:,} "
+                      "xids)", "a long transaction keeps vacuum from cleaning the hot table; "
+                      "find it in pg_stat_activity")
     else:
-        yield Finding("xmin horizon", OK, f"oldest snapshot {_age(age_s)} old")
+        yield Finding("xmin horizon", OK, f"oldest snapshot {_age(age_s)} old, "
+                      f"{xid_age:,} xids behind")
 
 
 def _connections(c: dict[str, Any]) -> Iterator[Finding]:
     if not c:
         return
+    if not c.get("sees_all_sessions", True):
+        yield Finding("visibility", WARN, "this role cannot see other roles' sessions (their "
+                      "transaction ages and LISTENs look empty)",
+                      "run doctor as the owner, or GRANT pg_read_all_stats TO this role")
     used, limit = int(c["used"]), int(c["max_connections"])
     status = WARN if used > CONNECTIONS_WARN * limit else OK
     yield Finding("connections", status, f"{used} of {limit} in use",

@@ -50,9 +50,11 @@ class Redactor:
         self.secrets = [s for s in secrets if s]
 
     def __call__(self, text: str) -> str:
+        # URLs first: a secret inside a query string goes with it, whole
+        text = _BEARER.sub(r"\1<redacted>", redact_urls(text))
         for secret in self.secrets:
             text = text.replace(secret, "<redacted>")
-        return redact_urls(_BEARER.sub(r"\1<redacted>", text))
+        return text
 
 
 class TextFormatter(logging.Formatter):
@@ -85,10 +87,21 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(), "logger": record.name,
             "msg": self.redact(record.getMessage())}
         for key, value in _fields(record).items():
-            line[key] = self.redact(value) if isinstance(value, str) else value
+            line[key] = self._clean(value)
         if record.exc_info:
             line["exc"] = self.redact(self.formatException(record.exc_info))
         return json.dumps(line, default=str, ensure_ascii=False)
+
+
+    def _clean(self, value: Any) -> Any:
+        """A field's value with every string in it redacted (numbers stay numbers)."""
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        if isinstance(value, dict):
+            return {str(k): self._clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple | set):
+            return [self._clean(v) for v in value]
+        return self.redact(value if isinstance(value, str) else str(value))
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:

@@ -49,12 +49,15 @@ FENCED_OUT = Counter("vidpoll_fenced_out_total", "Writes refused because another
                      "owns the row now.", registry=REGISTRY)
 DB_ERRORS = Counter("vidpoll_database_errors_total", "Database calls that failed (outage).",
                     registry=REGISTRY)
+TABLE_REGISTRY = CollectorRegistry(auto_describe=True)
+"""The table's own figures, exported by `vidpoll serve` only: every worker exporting them too
+would multiply them in any sum over instances (and scan the table once per worker)."""
 JOBS = Gauge("vidpoll_jobs", "Rows of video_jobs by state (read at scrape time).", ["state"],
-             registry=REGISTRY)
+             registry=TABLE_REGISTRY)
 DUE = Gauge("vidpoll_due_rows", "Pending rows due now (counted up to 100,000).",
-            registry=REGISTRY)
+            registry=TABLE_REGISTRY)
 OLDEST_DUE = Gauge("vidpoll_oldest_due_seconds", "How late the most overdue pending row is.",
-                   registry=REGISTRY)
+                   registry=TABLE_REGISTRY)
 
 
 @dataclass

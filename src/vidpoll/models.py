@@ -69,6 +69,8 @@ class ClaimedJob:
     consecutive_errors: int
     not_found_count: int
     account: str = "default"
+    late_s: float = 0.0
+    """How late the claim was (the database's now minus next_poll_at)."""
 
 
 @dataclass(frozen=True, slots=True)

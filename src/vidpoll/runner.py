@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from vidpoll import metrics
 from vidpoll.config import key_variable
 from vidpoll.errors import DatabaseUnavailable
 from vidpoll.metrics import Minutes
@@ -86,6 +85,7 @@ class Runner:
         self.minutes = Minutes()
         """Counters per minute, flushed to vidpoll_minutes by _minutes_flusher."""
         self._sampled_minute: datetime | None = None
+        self._flush_failing = False
 
     def stop(self) -> None:
         """Stop claiming; work in flight finishes and is recorded, then run() returns."""
@@ -151,22 +151,33 @@ class Runner:
             await self._flush_minutes(store, sample_backlog)
 
     async def _flush_minutes(self, store: MinutesStore, sample_backlog: bool = False) -> None:
-        """One flush; on an outage the counters are kept for the next one."""
+        """One flush. Never raises but CancelledError: on any failure (an outage, a missing
+        grant) the counters are kept for the next flush, and a cancelled flush keeps them
+        too (its owner flushes once more as it stops)."""
         now = self._clock()
         minute = now.replace(second=0, microsecond=0)
         rows = self.minutes.drain()
+        written = False
         try:
             if sample_backlog and minute != self._sampled_minute:
                 due, oldest_s = await store.due_backlog_sample()
-                metrics.DUE.set(due)
-                metrics.OLDEST_DUE.set(oldest_s)
                 rows.append(((minute, "backlog", "*", "due"), due, oldest_s, oldest_s))
                 if self._sampled_minute is not None:
                     await store.forget_old_minutes()
                 self._sampled_minute = minute
             await store.add_minutes(rows)
+            written = True
+            self._flush_failing = False
         except DatabaseUnavailable:
-            self.minutes.restore([r for r in rows if r[0][1] != "backlog"])
+            pass  # the loop itself says so; the counters wait for the database
+        except Exception as exc:
+            if not self._flush_failing:
+                self._flush_failing = True
+                log.warning("could not write the per-minute counters (%s: %s); kept in "
+                            "memory and retried, polling goes on", type(exc).__name__, exc)
+        finally:
+            if not written:
+                self.minutes.restore([r for r in rows if r[0][1] != "backlog"])
 
     async def _listener(self) -> None:
         """Turns NOTIFYs into wake-ups; reconnects with backoff. Only a hint."""

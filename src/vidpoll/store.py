@@ -97,7 +97,8 @@ def _job(row: dict[str, Any]) -> ClaimedJob:
     return ClaimedJob(job_id=row["job_id"], claim_token=row["claim_token"],
                       due_at=row["due_at"], polling_since=row["polling_since"],
                       polls=row["polls"], consecutive_errors=row["consecutive_errors"],
-                      not_found_count=row["not_found_count"], account=row["account"])
+                      not_found_count=row["not_found_count"], account=row["account"],
+                      late_s=float(row["late_s"] or 0.0))
 
 
 def _job_view(row: dict[str, Any], state: str, files: Any) -> Job:
@@ -110,20 +111,27 @@ def _job_view(row: dict[str, Any], state: str, files: Any) -> Job:
                            for f in listed))
 
 
-def _encode_cursor(at: datetime | None, job_id: str) -> str:
-    raw = json.dumps([at.isoformat() if at else None, job_id]).encode()
+class InvalidCursor(ValueError):
+    """A page cursor that is malformed, or from another listing."""
+
+
+def _encode_cursor(kind: str, at: datetime | None, job_id: str) -> str:
+    raw = json.dumps([kind, at.isoformat() if at else None, job_id]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str | None) -> tuple[datetime | None, str | None]:
-    """A page cursor back to (time, job id); a malformed one is a ValueError."""
+def _decode_cursor(cursor: str | None, kind: str) -> tuple[datetime | None, str | None]:
+    """A page cursor of listing `kind` back to (time, job id)."""
     if not cursor:
         return None, None
     try:
-        at, job_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return (datetime.fromisoformat(at) if at else None), str(job_id)
+        got, at, job_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        when = datetime.fromisoformat(at) if at else None
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"not a page cursor: {cursor[:40]!r}") from exc
+        raise InvalidCursor(f"not a page cursor: {cursor[:40]!r}") from exc
+    if got != kind or (kind != "all" and when is None):
+        raise InvalidCursor("a cursor of another listing (state or order); start from page 1")
+    return when, str(job_id)
 
 
 def _intent(row: dict[str, Any]) -> Intent:
@@ -522,6 +530,8 @@ class PgStore:
         """Add per-minute counters ((minute, kind, account, outcome), n, late sum, late max)."""
         if not rows:
             return
+        # one order for every writer: concurrent flushes never wait on each other in a cycle
+        rows = sorted(rows, key=lambda r: r[0])
         await self._execute("add_minutes", {
             "minutes": [k[0] for k, *_ in rows], "kinds": [k[1] for k, *_ in rows],
             "accounts": [k[2] for k, *_ in rows], "outcomes": [k[3] for k, *_ in rows],
@@ -547,8 +557,11 @@ class PgStore:
                         ) -> tuple[list[dict[str, Any]], str | None]:
         """One page of rows and the cursor of the next page (None on the last one): pending
         rows in due order, finished ones newest first (`state` one final state, or
-        "finished" for all), or every row by id; keyset paging, fast at any depth."""
-        after_at, after_id = _decode_cursor(cursor)
+        "finished" for all), or every row by id; keyset paging, fast at any depth. A cursor
+        from another listing raises InvalidCursor."""
+        kind = ("pending" if state == PENDING else "all" if state is None
+                else f"finished:{state}")
+        after_at, after_id = _decode_cursor(cursor, kind)
         params = {"state": state if state not in (None, PENDING, "finished") else None,
                   "account": account, "limit": limit + 1, "after_at": after_at,
                   "after_id": after_id}
@@ -562,7 +575,7 @@ class PgStore:
             return rows, None
         rows = rows[:limit]
         last = rows[-1]
-        return rows, _encode_cursor(last[key] if key else None, last["job_id"])
+        return rows, _encode_cursor(kind, last[key] if key else None, last["job_id"])
 
     async def poll_now(self, job_id: str) -> bool | None:
         """Make a pending job due now; None if no pending row, else whether it was idle (a
@@ -582,6 +595,10 @@ class PgStore:
         """The newest error events of the history."""
         return await self._all("recent_errors", {"limit": limit})
 
+    async def delivery_backlog(self) -> list[dict[str, Any]]:
+        """Per consumer: pending, retrying and failed deliveries (cheap: partial indexes)."""
+        return await self._all("delivery_backlog", {})
+
     async def stuck_claims(self) -> list[dict[str, Any]]:
         """Per worker: claims whose lease ended over a minute ago without a record."""
         return await self._all("stuck_claims", {})
@@ -594,8 +611,9 @@ class PgStore:
                 "account": DEFAULT_ACCOUNT})
             row = await cur.fetchone()
             plan = row[0] if row else []
+        rows = await self._one("hot_table_rows", {})
         return {"schema_version": await self.schema_version(),
-                "claim_plan": plan,
+                "claim_plan": plan, "hot_rows_estimate": int(rows["estimate"]) if rows else 0,
                 "tables": await self._all("doctor_tables", {}),
                 "indexes": await self._all("doctor_hot_indexes", {}),
                 "xmin": await self._all("doctor_xmin", {}),

@@ -226,6 +226,7 @@ class Submitter(Runner):
             except DatabaseUnavailable as exc:
                 db_failures += 1
                 self.stats.db_errors += 1
+                metrics.DB_ERRORS.inc()
                 log.warning("submitter: database unavailable (%s); retrying",
                             str(exc).splitlines()[0])
                 delay = backoff_delay(db_failures, cfg.policy, self._rng, DB_BACKOFF_MAX_S)
@@ -365,6 +366,7 @@ class Submitter(Runner):
             except DatabaseUnavailable as exc:
                 failures += 1
                 self.stats.db_errors += 1
+                metrics.DB_ERRORS.inc()
                 if self._stopping.is_set() and failures > 3:
                     log.error("intent %s: could not record %s (job %s) before stopping: %s; "
                               "it is sent again with the same key once its lease ends",

@@ -127,14 +127,15 @@ async def test_the_state_filter_and_paging_work(page, site, store, db_url):
     await page.goto(site + "/jobs")
     await page.select_option("#state", "failed")
     await page.click("form.filters button")
-    assert "state=failed" in page.url
+    await page.wait_for_url("**/jobs?state=failed*")
     rows = page.locator("#jobs tbody tr")
     assert await rows.count() == 3
     assert {(await rows.nth(i).locator("td").nth(1).inner_text()) for i in range(3)} == {
         "failed"}
     await page.select_option("#state", "pending")
     await page.select_option("select[name=limit]", "25")
-    await page.click("form.filters button")
+    async with page.expect_navigation():
+        await page.click("form.filters button")
     seen: list[str] = []
     while True:
         links = page.locator("#jobs tbody tr td:first-child a")
@@ -142,7 +143,8 @@ async def test_the_state_filter_and_paging_work(page, site, store, db_url):
         nxt = page.locator("a.next")
         if await nxt.count() == 0:
             break
-        await nxt.click()
+        async with page.expect_navigation():
+            await nxt.click()
     pending = {r["job_id"] for r in (await store.list_jobs("pending", limit=1000))[0]}
     assert len(seen) == len(set(seen)) == len(pending) == 67 and set(seen) == pending
 
@@ -154,9 +156,11 @@ async def test_poll_now_and_resume_change_the_row(page, site, store, db_url):
         await conn.execute("UPDATE video_jobs SET state = 'gave_up', finished_at = now() "
                            "WHERE job_id = 'vid_gone'")
     await page.goto(site + "/jobs?state=pending")
-    await page.click("text=vid_later")
+    async with page.expect_navigation():
+        await page.click("text=vid_later")
     assert "from now" in await page.inner_text("#next-read")
-    await page.click("button[value=poll_now]")
+    async with page.expect_navigation():
+        await page.click("button[value=poll_now]")
     assert "Done: poll now." in await page.inner_text("p.flash")
     row = await store.get_job("vid_later")
     assert row is not None
@@ -165,7 +169,8 @@ async def test_poll_now_and_resume_change_the_row(page, site, store, db_url):
     assert row["next_poll_at"] <= now
     await page.goto(site + "/jobs/view?id=vid_gone")
     assert await page.inner_text("#job-state") == "gave_up"
-    await page.click("button[value=resume]")
+    async with page.expect_navigation():
+        await page.click("button[value=resume]")
     assert await page.inner_text("#job-state") == "pending"
     row = await store.get_job("vid_gone")
     assert row is not None and row["state"] == "pending"
@@ -183,7 +188,7 @@ async def test_the_token_wall(browser, store):
         assert "not the one" in await page.inner_text("[role=alert]")
         await page.fill("#token", TOKEN)
         await page.click("form.login button")
-        assert page.url.endswith("/jobs?state=failed")  # back where it was going
+        await page.wait_for_url("**/jobs?state=failed", timeout=10_000)  # where it was going
         assert (await page.inner_text("h1")).startswith("Jobs")
         cookies = await context.cookies()
         [session] = [c for c in cookies if c["name"] == "vidpoll_session"]

@@ -63,6 +63,9 @@ async def test_actions_need_the_csrf_token_and_the_same_origin(open_site, store)
     token = await csrf_of(open_site, "j1")
     assert await post_action(open_site, {**form, "csrf": token},
                              headers={"Origin": "https://evil.example"}) == 403
+    assert await post_action(open_site, {**form, "csrf": token},
+                             headers={"Origin": "null"}) == 403  # a sandboxed frame
+    assert (await get(open_site + "/jobs/action?id=j1&action=poll_now"))[0] == 405
     assert (await store.get_job("j1"))["next_poll_at"] == before  # nothing changed
     assert await post_action(open_site, {**form, "csrf": token}) == 303
     assert (await store.get_job("j1"))["next_poll_at"] < before
@@ -70,8 +73,15 @@ async def test_actions_need_the_csrf_token_and_the_same_origin(open_site, store)
 
 async def test_a_loopback_dashboard_answers_only_to_a_loopback_host(open_site):
     assert (await get(open_site + "/"))[0] == 200
-    status, _, _ = await get(open_site + "/", headers={"Host": "attacker.example:8800"})
-    assert status == 421  # a DNS-rebinding page cannot read it
+    for host in ("attacker.example:8800", "127.0.0.1.attacker.example", "[::1]evil",
+                 "localhost.", "127.0.0.1:80:80"):
+        status, _, _ = await get(open_site + "/", headers={"Host": host})
+        assert status == 421, host  # a DNS-rebinding page cannot read it
+    for host in ("127.0.0.1:8800", "LOCALHOST", "[::1]:8800"):
+        assert (await get(open_site + "/", headers={"Host": host}))[0] == 200, host
+    # behind a proxy every visitor looks local: without a token, refused
+    status, text, _ = await get(open_site + "/", headers={"X-Forwarded-For": "203.0.113.9"})
+    assert status == 421 and "VIDPOLL_DASHBOARD_TOKEN" in text
     # the webhook, metrics and health routes are not the dashboard's
     assert (await get(open_site + "/healthz", headers={"Host": "x.example"}))[0] == 200
 
@@ -97,6 +107,49 @@ async def test_the_token_wall(walled_site):
             assert resp.status == 401  # a POST without a session is refused, not redirected
 
 
+def test_sessions_expire_and_are_signed():
+    from vidpoll.web.dashboard import SESSION_MAX_AGE_S, Guard
+
+    now = [1_000_000.0]
+    guard = Guard(TOKEN, loopback_only=False, clock=lambda: now[0])
+
+    class Req:
+        def __init__(self, cookie: str) -> None:
+            self.cookies = {"vidpoll_session": cookie}
+            self.headers: dict[str, str] = {}
+
+    cookie = guard.new_session()
+    assert TOKEN not in cookie and guard.signed_in(Req(cookie))  # type: ignore[arg-type]
+    assert guard.new_session() != cookie  # each session its own (and its own CSRF token)
+    forged = cookie.rsplit(".", 1)[0] + "." + "0" * 64
+    assert not guard.signed_in(Req(forged))  # type: ignore[arg-type]
+    now[0] += SESSION_MAX_AGE_S + 1
+    assert not guard.signed_in(Req(cookie))  # type: ignore[arg-type]
+    assert Guard(TOKEN + "x", loopback_only=False).signed_in(Req(cookie)) is False  # type: ignore[arg-type]
+
+
+async def test_a_rejected_intent_is_retried_from_the_intents_page(open_site, store):
+    from vidpoll.models import REJECTED
+
+    await store.add_intent("k-402", {"prompt": "x"})
+    async with await psycopg.AsyncConnection.connect(store._url, autocommit=True) as conn:
+        await conn.execute("UPDATE video_intents SET state = 'rejected', error_code = "
+                           "'insufficient_credits' WHERE idempotency_key = 'k-402'")
+    status, html, _ = await get(open_site + "/intents")
+    assert status == 200 and "k-402" in html and "insufficient_credits" in html
+    token = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert token
+    async with aiohttp.ClientSession() as http, http.post(
+            open_site + "/intents/retry", data={"csrf": token.group(1), "key": "k-402"},
+            allow_redirects=False) as resp:
+        assert resp.status == 303 and resp.headers["Location"].endswith("done=retried")
+    intent = await store.get_intent("k-402")
+    assert intent is not None and intent.state != REJECTED
+    # the flash text comes from a fixed list, never from the query string
+    _, html, _ = await get(open_site + "/intents?done=<b>you+were+hacked</b>")
+    assert "hacked" not in html
+
+
 async def test_pages_escape_what_they_show_and_never_show_a_signature(open_site, store,
                                                                       db_url):
     evil = '<script>alert(1)</script>'
@@ -118,9 +171,11 @@ async def test_pages_escape_what_they_show_and_never_show_a_signature(open_site,
     assert "https://cdn.example/v.mp4" in html and "&lt;script&gt;" in html
 
 
-async def test_serve_refuses_to_expose_the_dashboard_without_a_token(db_url, fake_url):
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "vidpoll.cli", "serve", "--host", "0.0.0.0", "--port", "0",
-        env=cli_env(db_url, fake_url), stderr=asyncio.subprocess.PIPE)
-    _, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode == 2 and b"VIDPOLL_DASHBOARD_TOKEN" in err
+async def test_serve_refuses_to_expose_the_dashboard_without_a_good_token(db_url, fake_url):
+    for extra, says in (({}, b"set VIDPOLL_DASHBOARD_TOKEN"),
+                        ({"VIDPOLL_DASHBOARD_TOKEN": "short"}, b"shorter than 16")):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "vidpoll.cli", "serve", "--host", "0.0.0.0", "--port", "0",
+            env=cli_env(db_url, fake_url, **extra), stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 2 and says in err, err

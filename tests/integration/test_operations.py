@@ -4,6 +4,7 @@ metrics, redacted logs. Real PostgreSQL, the CLI as a subprocess, real HTTP."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -17,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vidpoll import logs, metrics
 from vidpoll.doctor import FAIL, diagnose
 from vidpoll.sql import migrations
-from vidpoll.web import metrics_app, start_server
+from vidpoll.web import make_app, metrics_app, start_server
 
 from ..conftest import API_KEY, run_until
 from .test_process import cli_env, spawn_worker
@@ -67,6 +68,25 @@ async def test_jobs_list_pages_with_a_cursor_in_the_documented_order(db_url, fak
     assert code == 0 and "f000001" in out and "next page: --after" in out
     code, _, err = await run_cli(env, "jobs", "list", "--after", "not-a-cursor")
     assert code == 6 and "not a page cursor" in err
+    # a cursor of one listing is refused by another, never silently page 1 again
+    _, cursor = await store.list_jobs("pending", limit=2)
+    code, _, err = await run_cli(env, "jobs", "list", "--state", "failed", "--after", cursor)
+    assert code == 6 and "another listing" in err
+
+
+async def test_every_final_row_gets_finished_at_so_paging_reaches_it(db_url, store):
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        # the seed's own loop (or an operator) ends rows without knowing finished_at
+        await conn.execute("INSERT INTO video_jobs (job_id, state) VALUES ('seed1', 'failed')")
+        await conn.execute("INSERT INTO video_jobs (job_id) VALUES ('seed2'), ('seed3')")
+        await conn.execute("UPDATE video_jobs SET state = 'completed' WHERE job_id <> 'seed1'")
+    seen, cursor = [], None
+    for _ in range(5):
+        rows, cursor = await store.list_jobs("finished", limit=1, cursor=cursor)
+        seen += [r["job_id"] for r in rows]
+        if cursor is None:
+            break
+    assert sorted(seen) == ["seed1", "seed2", "seed3"] and cursor is None
 
 
 async def test_the_list_queries_use_their_indexes_on_a_big_table(db_url, store):
@@ -166,6 +186,12 @@ async def test_stats_report_reads_per_second_and_errors_by_class(
 async def test_doctor_passes_on_a_healthy_database_and_names_a_missing_index(
         db_url, fake_url):
     env = cli_env(db_url, fake_url)
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        # big enough that an index is the planner's right choice, and analyzed
+        await conn.execute("INSERT INTO video_jobs (job_id, state, next_poll_at) "
+                           "SELECT 'x' || g, CASE WHEN g % 20 = 0 THEN 'pending' "
+                           "ELSE 'completed' END, now() FROM generate_series(1, 20000) g")
+        await conn.execute("ANALYZE video_jobs")
     code, out, err = await run_cli(env, "doctor", "--json")
     findings = {f["check"]: f for f in json.loads(out)}
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
@@ -181,9 +207,6 @@ async def test_doctor_passes_on_a_healthy_database_and_names_a_missing_index(
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await conn.execute("DROP INDEX video_jobs_account_due_idx")
         await conn.execute("DROP INDEX video_jobs_next_poll_at_idx")
-        await conn.execute("INSERT INTO video_jobs (job_id) SELECT 'x' || g "
-                           "FROM generate_series(1, 5000) g")
-        await conn.execute("ANALYZE video_jobs")
     code, out, _ = await run_cli(env, "doctor")
     assert code == 1 and "claim query" in out and "sequential scan" in out
 
@@ -201,6 +224,7 @@ def test_doctor_rules_on_reports_that_would_be_dangerous():
                         "notify_queue_usage": 0.9, "autovacuum": "off", "track_counts": "on"},
         "stuck_claims": [{"claimed_by": "host:1:abc", "rows": 3,
                           "since": datetime(2026, 1, 1, tzinfo=UTC)}]}
+    report["hot_rows_estimate"] = 100_000
     findings = {f.check: f for f in diagnose(report, len(migrations()))}
     assert findings["schema"].status == FAIL and "vidpoll migrate" in findings["schema"].fix
     assert findings["claim query"].status == FAIL
@@ -212,6 +236,14 @@ def test_doctor_rules_on_reports_that_would_be_dangerous():
     assert findings["autovacuum"].status == FAIL
     assert findings["listeners"].status == "warn"
     assert "host:1:abc" in findings["stuck claims"].detail
+    # a small table is not judged by its plan (a sequential scan is right there)
+    report["hot_rows_estimate"] = 30
+    assert diagnose(report, len(migrations()))[1].status == "ok"
+    # a session whose age this role cannot see is judged by how old its snapshot is
+    report["xmin"][0].update(age_s=None, xmin_age=50_000_000)
+    report["connections"]["sees_all_sessions"] = False
+    findings = {f.check: f for f in diagnose(report, len(migrations()))}
+    assert findings["xmin horizon"].status == "warn" and findings["visibility"].status == "warn"
 
 
 async def test_metrics_scrape_cleanly_and_count_what_the_worker_did(
@@ -221,14 +253,21 @@ async def test_metrics_scrape_cleanly_and_count_what_the_worker_did(
     await store.add_job("j1", delay_s=0)
     worker = make_worker()
     await run_until(worker, lambda: worker.stats.finished == 1)
-    runner, url = await start_server(metrics_app(store), "127.0.0.1", 0)
+    runner, url = await start_server(make_app(store, None), "127.0.0.1", 0)  # `serve`
+    worker_runner, worker_url = await start_server(metrics_app(store), "127.0.0.1", 0)
     try:
-        async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
-            assert resp.status == 200
-            assert resp.headers["Content-Type"].startswith("text/plain; version=")
-            text = await resp.text()
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/metrics") as resp:
+                assert resp.status == 200
+                assert resp.headers["Content-Type"].startswith("text/plain; version=")
+                text = await resp.text()
+            async with http.get(f"{worker_url}/metrics") as resp:
+                worker_text = await resp.text()
     finally:
         await runner.cleanup()
+        await worker_runner.cleanup()
+    # a worker exports its own counters, not the table's (a sum over a fleet stays right)
+    assert "vidpoll_polls_total" in worker_text and "vidpoll_jobs" not in worker_text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert set(metrics.metric_names()) <= {n for f in families.values()
                                            for n in [f.name, *(s.name for s in f.samples)]}
@@ -243,6 +282,8 @@ async def test_metrics_scrape_cleanly_and_count_what_the_worker_did(
 async def test_worker_metrics_port_serves_metrics(store, fake, fake_url, db_url):
     from tests.e2e.test_cli import free_port
 
+    fake.add_job("j1", script=FAILED)
+    await store.add_job("j1", delay_s=0)
     port = free_port()
     proc = await spawn_worker(cli_env(db_url, fake_url), "--poll-only", "--metrics-port",
                               str(port))
@@ -253,12 +294,13 @@ async def test_worker_metrics_port_serves_metrics(store, fake, fake_url, db_url)
                 return await resp.text()
 
         text = ""
+        sample = 'vidpoll_polls_total{account="default",outcome="final"} 1.0'
         async with asyncio.timeout(20):
-            while "vidpoll_polls" not in text:
-                try:
+            # a subprocess: nothing to wait on but its answers (bounded by the timeout)
+            while sample not in text:
+                with contextlib.suppress(aiohttp.ClientError):
                     text = await scraped()
-                except aiohttp.ClientError:
-                    await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)
         assert list(text_string_to_metric_families(text))
     finally:
         proc.terminate()
@@ -294,10 +336,41 @@ def test_log_lines_are_redacted_by_construction(capsys, own_logging):
     assert shown["job_id"] == "j1" and shown["account"] == "acme"
     assert shown["http_status"] == 500 and shown["request_id"] == "req_1"
     assert "https://cdn.example/v.mp4" in shown["exc"]
+    # fields that are not strings are redacted too
+    log.warning("odd fields", extra=logs.event(key=[f"https://h/v?sig={secret}"],
+                                               consumer=secret.encode()))
+    line = capsys.readouterr().err
+    assert secret not in line and "sig=" not in line and json.loads(line)["key"] == [
+        "https://h/v"]
     logs.setup("INFO", "text", secrets=[secret])
     log.warning("key %s", secret, extra=logs.event(job_id="j2"))
     text = capsys.readouterr().err
     assert secret not in text and "job_id=j2" in text
+
+
+async def test_counters_survive_a_failed_flush_and_a_stop(store, fake, make_worker,
+                                                          monkeypatch, caplog):
+    real = store.add_minutes
+    failures = []
+
+    async def flaky(rows):
+        if not failures:
+            failures.append(len(rows))
+            raise RuntimeError("permission denied for table vidpoll_minutes")
+        await real(rows)
+
+    monkeypatch.setattr(store, "add_minutes", flaky)
+    fake.add_job("j1", script=FAILED)
+    await store.add_job("j1", delay_s=0)
+    worker = make_worker(drain=True)
+    worker.minutes.add(datetime.now(UTC), "poll", "default", "not_ready", 0.5)
+    await worker._flush_minutes(store)  # fails: the count is kept
+    await asyncio.wait_for(worker.run(), 20)  # its last flush, as it stops, writes both
+    assert failures == [1]
+    assert "could not write the per-minute counters" in caplog.text
+    rows = await store.minutes_since(5)
+    assert sorted((r["outcome"], r["n"]) for r in rows if r["kind"] == "poll") == [
+        ("final", 1), ("not_ready", 1)]
 
 
 async def test_a_json_logging_worker_never_logs_the_key_or_a_signature(

@@ -39,7 +39,10 @@ FROM due
 -- (a join on job_id lets the planner pick a hash join over the whole table when it is small)
 WHERE j.ctid = due.ctid
 RETURNING j.job_id, j.claim_token, due.next_poll_at AS due_at, j.polling_since, j.polls,
-          j.consecutive_errors, j.not_found_count, j.account;
+          j.consecutive_errors, j.not_found_count, j.account,
+          -- how late the claim is, by the database's clock (no worker clock skew in it)
+          extract(epoch FROM coalesce(%(now)s::timestamptz, clock_timestamp())
+                             - due.next_poll_at)::float8 AS late_s;
 
 -- name: record_outcomes
 -- Writes a batch of read results in one statement. The WHERE clause is the fence: a row is
@@ -774,7 +777,8 @@ SELECT * FROM unnest(%(minutes)s::timestamptz[], %(kinds)s::text[], %(accounts)s
                      %(late_maxes)s::float8[])
 ON CONFLICT (minute, kind, account, outcome) DO UPDATE
 SET n = CASE WHEN m.kind = 'backlog' THEN greatest(m.n, excluded.n) ELSE m.n + excluded.n END,
-    late_sum_s = m.late_sum_s + excluded.late_sum_s,
+    late_sum_s = CASE WHEN m.kind = 'backlog' THEN greatest(m.late_sum_s, excluded.late_sum_s)
+                      ELSE m.late_sum_s + excluded.late_sum_s END,
     late_max_s = greatest(m.late_max_s, excluded.late_max_s);
 
 -- name: forget_old_minutes
@@ -926,7 +930,8 @@ SELECT 'session' AS holder, pid::text AS who, application_name AS detail,
        extract(epoch FROM now() - coalesce(xact_start, query_start))::float8 AS age_s,
        age(backend_xmin)::bigint AS xmin_age
 FROM pg_stat_activity
-WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()
+-- only this database's sessions hold back the horizon of its tables (PostgreSQL 14+)
+WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid() AND datname = current_database()
 UNION ALL
 SELECT 'replication slot', slot_name::text, slot_type, NULL,
        greatest(age(xmin), age(catalog_xmin))::bigint
@@ -941,10 +946,32 @@ LIMIT 5;
 
 -- name: doctor_connections
 -- Connections in use against the server's limit, and vidpoll's listeners (LISTEN sessions).
-SELECT (SELECT count(*) FROM pg_stat_activity) AS used,
+SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend') AS used,
        current_setting('max_connections')::int AS max_connections,
        (SELECT count(*) FROM pg_stat_activity
         WHERE datname = current_database() AND query ILIKE 'LISTEN%%') AS listeners,
        pg_notification_queue_usage()::float8 AS notify_queue_usage,
+       -- without pg_read_all_stats, other roles' sessions hide their query and xact times
+       pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER') AS sees_all_sessions,
        current_setting('autovacuum') AS autovacuum,
        current_setting('track_counts') AS track_counts;
+
+-- name: delivery_backlog
+-- The overview's cheap view of deliveries: pending (waiting on a result or a download,
+-- retrying) and failed per consumer, through the partial indexes; no count of the done ones.
+SELECT c.name AS consumer,
+       (SELECT count(*) FROM vidpoll_deliveries d
+        WHERE d.consumer = c.name AND d.state = 'pending') AS pending,
+       (SELECT count(*) FROM vidpoll_deliveries d
+        WHERE d.consumer = c.name AND d.state = 'pending' AND d.last_error IS NOT NULL)
+         AS retrying,
+       (SELECT count(*) FROM vidpoll_deliveries d
+        WHERE d.consumer = c.name AND d.state = 'failed') AS failed
+FROM vidpoll_consumers c
+ORDER BY c.name;
+
+-- name: hot_table_rows
+-- The planner's estimate of video_jobs' rows (doctor judges the claim plan only on a table big
+-- enough for an index to be the right plan).
+SELECT greatest(reltuples, 0)::bigint AS estimate
+FROM pg_class WHERE oid = 'video_jobs'::regclass;

@@ -79,15 +79,18 @@ def make_app(store: PgStore, webhook_secret: str | None,
 
 
 def metrics_app(store: PgStore) -> web.Application:
-    """What `worker --metrics-port` serves: /metrics, /healthz, /readyz."""
+    """What `worker --metrics-port` serves: /metrics (this process's counters only: the
+    table's figures come from `vidpoll serve`), /healthz, /readyz."""
     app = web.Application()
-    add_health_and_metrics(app, store)
+    add_health_and_metrics(app, store, table_gauges=False)
     return app
 
 
-def add_health_and_metrics(app: web.Application, store: PgStore) -> None:
+def add_health_and_metrics(app: web.Application, store: PgStore,
+                           table_gauges: bool = True) -> None:
     """/healthz (the process answers), /readyz (database reachable, schema current) and
-    /metrics (this process's counters, and the table's counts read at scrape time)."""
+    /metrics (this process's counters and, with `table_gauges`, the table's counts read at
+    scrape time)."""
     refreshed = [0.0]
 
     async def healthz(request: web.Request) -> web.Response:
@@ -97,24 +100,29 @@ def add_health_and_metrics(app: web.Application, store: PgStore) -> None:
         try:
             await store.check_schema()
         except (DatabaseUnavailable, SchemaError) as exc:
-            return web.json_response({"status": "unavailable", "reason": str(exc)}, status=503)
+            # the kind of failure only: the message may name the database's host
+            return web.json_response({"status": "unavailable",
+                                      "reason": type(exc).__name__}, status=503)
         return web.json_response({"status": "ready"})
 
     async def scrape(request: web.Request) -> web.Response:
-        if time.monotonic() - refreshed[0] > GAUGES_MAX_AGE_S:
-            try:
-                counts = await store.counts()
-                due, oldest = await store.due_backlog_sample()
-            except DatabaseUnavailable:
-                pass  # the process's own counters are still worth a scrape
-            else:
-                for state, n in counts.items():
-                    metrics.JOBS.labels(state).set(n)
-                metrics.DUE.set(due)
-                metrics.OLDEST_DUE.set(oldest)
-                refreshed[0] = time.monotonic()
-        return web.Response(body=generate_latest(metrics.REGISTRY),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+        body = generate_latest(metrics.REGISTRY)
+        if table_gauges:
+            if time.monotonic() - refreshed[0] > GAUGES_MAX_AGE_S:
+                try:
+                    counts = await store.counts()
+                    due, oldest = await store.due_backlog_sample()
+                except DatabaseUnavailable:
+                    pass  # the process's own counters are still worth a scrape
+                else:
+                    metrics.JOBS.clear()  # a state whose rows are all gone reads 0, not stale
+                    for state, n in counts.items():
+                        metrics.JOBS.labels(state).set(n)
+                    metrics.DUE.set(due)
+                    metrics.OLDEST_DUE.set(oldest)
+                    refreshed[0] = time.monotonic()
+            body += generate_latest(metrics.TABLE_REGISTRY)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -15,9 +15,12 @@ header is served (no DNS rebinding).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,15 +31,21 @@ from aiohttp import web
 from markupsafe import Markup, escape
 
 from vidpoll.media import without_signatures
-from vidpoll.models import LOCAL_TERMINAL_STATES, PENDING, REJECTED
-from vidpoll.store import PgStore
+from vidpoll.models import LOCAL_TERMINAL_STATES, PENDING, QUEUED, REJECTED, SUBMITTED
+from vidpoll.store import InvalidCursor, PgStore
 
 SESSION_COOKIE = "vidpoll_session"
 PAGE_SIZES = (25, 50, 100, 200)
 STATES = ("pending", "finished", "completed", "failed", "canceled", "expired", "gave_up",
           "not_found")
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+LOOPBACK_HOST = re.compile(r"(127\.0\.0\.1|localhost|\[::1\])(:\d{1,5})?", re.IGNORECASE)
+SESSION_MAX_AGE_S = 12 * 3600
+FORWARDED_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real-IP")
+DONE_WORDS = frozenset({"poll_now", "resume", "poll_now_refused", "resume_refused", "retried",
+                        "retry_refused"})
 CHART_MINUTES = 60
+INTENT_STATES = (REJECTED, QUEUED, SUBMITTED)
+WRONG_TOKEN_DELAY_S = 1.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -44,9 +53,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class Guard:
     """The dashboard's token wall and CSRF tokens."""
 
-    def __init__(self, token: str | None, loopback_only: bool) -> None:
+    def __init__(self, token: str | None, loopback_only: bool,
+                 clock: Callable[[], float] = time.time) -> None:
         self.token = token or None
         self.loopback_only = loopback_only
+        self._clock = clock
         # signs sessions and CSRF tokens; derived from the token so several servers agree,
         # random per process without one
         self._key = (hashlib.sha256(b"vidpoll-dashboard:" + self.token.encode()).digest()
@@ -55,16 +66,26 @@ class Guard:
     def _sign(self, what: str) -> str:
         return hmac.new(self._key, what.encode(), hashlib.sha256).hexdigest()
 
-    def session_value(self) -> str:
-        """The cookie a correct login gets (an HMAC, not the token)."""
-        return self._sign("session")
+    def new_session(self) -> str:
+        """A session cookie: when it was issued, signed (never the token itself)."""
+        issued = f"{int(self._clock())}.{secrets.token_hex(8)}"
+        return f"{issued}.{self._sign('session:' + issued)}"
+
+    def _session_ok(self, cookie: str) -> bool:
+        issued, _, signature = cookie.rpartition(".")
+        if not issued or not hmac.compare_digest(signature, self._sign("session:" + issued)):
+            return False
+        try:
+            age = self._clock() - float(issued.split(".")[0])
+        except ValueError:
+            return False
+        return -60 <= age <= SESSION_MAX_AGE_S  # a minute of clock skew between servers
 
     def signed_in(self, request: web.Request) -> bool:
-        """No token configured, or the session cookie / Bearer header is right."""
+        """No token configured, or a live session cookie, or the right Bearer header."""
         if self.token is None:
             return True
-        cookie = request.cookies.get(SESSION_COOKIE, "")
-        if cookie and hmac.compare_digest(cookie, self.session_value()):
+        if self._session_ok(request.cookies.get(SESSION_COOKIE, "")):
             return True
         auth = request.headers.get("Authorization", "")
         given = auth[7:] if auth.lower().startswith("bearer ") else ""
@@ -76,21 +97,30 @@ class Guard:
                                                               self.token.encode())
 
     def csrf(self, request: web.Request) -> str:
-        """The CSRF token for forms on this session."""
+        """The CSRF token for forms on this session (each session has its own)."""
         return self._sign("csrf:" + request.cookies.get(SESSION_COOKIE, "-"))
 
     def csrf_ok(self, request: web.Request, given: str) -> bool:
-        """The form's token matches, and the request comes from this origin (if it says)."""
+        """The form's token matches, and the request comes from this origin (if it says;
+        an opaque "null" origin is refused)."""
         origin = request.headers.get("Origin")
-        if origin and origin != "null" and urlsplit(origin).netloc != request.host:
+        if origin is not None and (origin == "null" or urlsplit(origin).netloc != request.host):
             return False
         return hmac.compare_digest(given.encode(), self.csrf(request).encode())
 
 
-def _host_of(header: str) -> str:
-    if header.startswith("["):
-        return header.split("]")[0] + "]"
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+def loopback_host(header: str) -> bool:
+    """Whether a Host header names this machine's loopback (with an optional port)."""
+    return LOOPBACK_HOST.fullmatch(header) is not None
+
+
+def safe_next(target: str) -> str:
+    """Where to go after signing in: a path on this site, never another site."""
+    if (not target.startswith("/") or target.startswith("//") or "\\" in target
+            or any(ord(c) < 32 or ord(c) == 127 for c in target)):
+        return "/"
+    parts = urlsplit(target)
+    return "/" if parts.scheme or parts.netloc else target
 
 
 def setup_dashboard(app: web.Application, store: PgStore, guard: Guard) -> None:
@@ -118,8 +148,11 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard) -> None:
         path = request.path
         if not _dashboard_path(path):
             return await handler(request)
-        if guard.loopback_only and _host_of(request.host) not in LOOPBACK_HOSTS:
-            return web.Response(status=421, text="this dashboard answers only on loopback")
+        if guard.loopback_only and (not loopback_host(request.host) or any(
+                h in request.headers for h in FORWARDED_HEADERS)):
+            # a proxy in front makes every visitor look local: that needs a token
+            return web.Response(status=421, text="this dashboard answers only on loopback; "
+                                "behind a proxy, set VIDPOLL_DASHBOARD_TOKEN")
         if path in ("/login", "/static/style.css") or guard.signed_in(request):
             return await handler(request)
         if request.method != "GET":
@@ -141,7 +174,7 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard) -> None:
                                          "")],
                       errors=without_signatures(await store.recent_errors(15)),
                       stuck=await store.stuck_claims(),
-                      deliveries=await store.delivery_counts())
+                      deliveries=await store.delivery_backlog())
 
     async def jobs(request: web.Request) -> web.Response:
         state = request.query.get("state") or None
@@ -156,8 +189,8 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard) -> None:
         cursor = request.query.get("after") or None
         try:
             rows, next_cursor = await store.list_jobs(state, account, limit, cursor)
-        except ValueError:
-            raise web.HTTPBadRequest(text="not a page cursor") from None
+        except InvalidCursor as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
         base = {k: v for k, v in (("state", state), ("account", account),
                                   ("limit", str(limit))) if v}
         next_url = None
@@ -184,8 +217,7 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard) -> None:
                       can_resume=not archived and row["state"] in (PENDING,
                                                                    *LOCAL_TERMINAL_STATES),
                       can_poll=not archived and row["state"] == PENDING,
-                      can_retry_intent=intent is not None and intent.state == REJECTED,
-                      done=request.query.get("done"))
+                      done=_done(request))
 
     async def action(request: web.Request) -> web.StreamResponse:
         form = await request.post()
@@ -196,34 +228,54 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard) -> None:
             ok = await store.resume(job_id)
         elif what == "poll_now":
             ok = await store.poll_now(job_id) is not None
-        elif what == "retry_intent":
-            intent = await store.intent_of_job(job_id)
-            ok = intent is not None and bool(await store.requeue_intents([intent.key]))
         else:
             raise web.HTTPBadRequest(text="unknown action")
         done = what if ok else f"{what}_refused"
         raise web.HTTPSeeOther(f"/jobs/view?id={quote(job_id, safe='')}&done={done}")
 
+    async def intents(request: web.Request) -> web.Response:
+        state = request.query.get("state") or REJECTED
+        if state not in INTENT_STATES:
+            raise web.HTTPBadRequest(text=f"unknown state {state!r}")
+        return render(request, "intents.html", state=state, states=INTENT_STATES,
+                      rows=await store.list_intents(state, 200), done=_done(request))
+
+    async def retry_intent(request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        if not guard.csrf_ok(request, str(form.get("csrf", ""))):
+            return web.Response(status=403, text="stale or forged form; reload the page")
+        retried = await store.requeue_intents([str(form.get("key", ""))])
+        raise web.HTTPSeeOther(f"/intents?state=rejected&done="
+                               f"{'retried' if retried else 'retry_refused'}")
+
     async def login(request: web.Request) -> web.StreamResponse:
-        nxt = request.query.get("next", "/")
-        if not nxt.startswith("/") or nxt.startswith("//"):
-            nxt = "/"  # never an open redirect
+        nxt = safe_next(request.query.get("next", "/"))  # never another site
         if request.method == "GET":
             return render(request, "login.html", next=nxt, wrong=False, needed=bool(guard.token))
         form = await request.post()
         if not guard.token_ok(str(form.get("token", ""))):
+            await asyncio.sleep(WRONG_TOKEN_DELAY_S)  # guessing costs time
             return render(request, "login.html", status=401, next=nxt, wrong=True, needed=True)
         response = web.HTTPSeeOther(nxt)
-        response.set_cookie(SESSION_COOKIE, guard.session_value(), httponly=True,
-                            samesite="Strict", max_age=12 * 3600)
+        secure = request.secure or request.headers.get("X-Forwarded-Proto") == "https"
+        response.set_cookie(SESSION_COOKIE, guard.new_session(), httponly=True,
+                            samesite="Strict", max_age=SESSION_MAX_AGE_S, secure=secure)
         raise response
 
     app.router.add_get("/", overview)
     app.router.add_get("/jobs", jobs)
     app.router.add_get("/jobs/view", job)
     app.router.add_post("/jobs/action", action)
+    app.router.add_get("/intents", intents)
+    app.router.add_post("/intents/retry", retry_intent)
     app.router.add_route("*", "/login", login)
     app.router.add_static("/static", _static_dir())
+
+
+def _done(request: web.Request) -> str | None:
+    """The flash word of a redirect after an action (only known words: never echo input)."""
+    done = request.query.get("done")
+    return done if done in DONE_WORDS else None
 
 
 def _dashboard_path(path: str) -> bool:

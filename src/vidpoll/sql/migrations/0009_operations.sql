@@ -25,6 +25,33 @@ DO $$ BEGIN
 EXCEPTION WHEN invalid_table_definition THEN NULL;  -- already there
 END $$;
 
+-- Every final row has finished_at, whoever ended it (the seed's own loop, an operator's UPDATE,
+-- rows that ended before 0002 added the column): browsing and pruning go by it.
+UPDATE video_jobs SET finished_at = coalesce(last_polled_at, updated_at, created_at, now())
+WHERE state <> 'pending' AND finished_at IS NULL;
+
+CREATE OR REPLACE FUNCTION vidpoll_set_finished_at() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  NEW.finished_at := now();
+  RETURN NEW;
+END
+$$;
+
+DROP TRIGGER IF EXISTS vidpoll_jobs_finished_at ON video_jobs;
+CREATE TRIGGER vidpoll_jobs_finished_at
+  BEFORE INSERT OR UPDATE OF state ON video_jobs
+  FOR EACH ROW
+  WHEN (NEW.state <> 'pending' AND NEW.finished_at IS NULL)
+  EXECUTE FUNCTION vidpoll_set_finished_at();
+
+-- The overview's "recent errors" walks only error events, newest first.
+CREATE INDEX IF NOT EXISTS video_job_events_errors_idx
+  ON video_job_events (id DESC) WHERE kind = 'error';
+-- Failed deliveries are few and looked for often.
+CREATE INDEX IF NOT EXISTS vidpoll_deliveries_failed_idx
+  ON vidpoll_deliveries (consumer) WHERE state = 'failed';
+
 -- Finished rows, newest first: the dashboard's and `jobs list`'s browsing of them and `jobs
 -- prune`. Partial, so a status read (which keeps a row pending) never writes to it.
 CREATE INDEX IF NOT EXISTS video_jobs_finished_idx
