@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install demo test lint clean browser
+.PHONY: install demo test lint clean browser bench bench-quick
 
 install: $(STAMP)
 
@@ -19,6 +19,18 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+BENCH_STAMP := $(VENV)/.bench-stamp
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+# Never part of `make test`. DATABASE_URL set: that server; unset: the embedded one.
+bench: $(BENCH_STAMP)
+	$(BIN)/python bench/suite.py --out bench/results.jsonl
+
+bench-quick: $(BENCH_STAMP)
+	$(BIN)/python bench/suite.py --quick --out bench/results-quick.jsonl
 
 demo: install
 	$(BIN)/vidpoll --log-level warning demo

@@ -194,6 +194,7 @@ class FakeSume:
     def stats(self) -> dict[str, Any]:
         """Counters for tests and benchmarks."""
         return {"jobs": len(self.jobs), "reads": sum(self.reads.values()),
+                "in_flight": sum(self.in_flight.values()),
                 "overlaps": self.overlaps, "creates": self.creates, "billed": self.billed,
                 "answers": {str(k): v for k, v in sorted(self.answers.items())},
                 "auth_failures": self.auth_failures, "create_overlaps": self.create_overlaps,
