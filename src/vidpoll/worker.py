@@ -7,6 +7,7 @@ It knows neither psycopg nor aiohttp: the database and Sume come in through the 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -185,6 +186,11 @@ class Worker(Runner):
         self._db_down_since: float | None = None
         self._writer_may_exit = False
         self._results_seen: dict[str, bool] = {}
+        self._ready: collections.deque[ClaimedJob] = collections.deque()
+        self._prefetch = (min(config.batch_size, config.concurrency) // 2
+                          if config.claim_mode is ClaimMode.LEASE else 0)
+        self._refill_min = max(1, self._prefetch // 2)
+        self._saturated = False
 
     # -- control --------------------------------------------------------------------------
     def stop(self) -> None:
@@ -208,6 +214,11 @@ class Worker(Runner):
             await self._main_loop()
         finally:
             self._stopping.set()
+            if self._ready:  # claimed, never read: back with their old due time
+                ready = list(self._ready)
+                self._ready.clear()
+                with contextlib.suppress(DatabaseUnavailable):  # else their leases end
+                    await self.store.release(ready)
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             # only now can no new result appear: every read task has ended
@@ -237,14 +248,18 @@ class Worker(Runner):
             if paused_for > 0:  # every account's key was refused: nothing to do until a probe
                 await self._sleep(paused_for)
                 continue
-            free = cfg.concurrency - self._inflight
-            if free <= 0:
-                await self._sleep(cfg.idle_max_s)
-                continue
-            limit = min(free, cfg.batch_size)
+            # lease mode keeps a few claimed rows ready for the next free slots, so at
+            # capacity a claim fetches a batch instead of a row per freed slot, and no slot
+            # waits for a claim
+            room = cfg.concurrency - self._inflight + self._prefetch - len(self._ready)
+            if room <= 0 or (self._saturated and room < self._refill_min):
+                await self._sleep(cfg.idle_max_s)  # slots freeing up or the buffer running
+                continue                           # low wake this loop
+            limit = min(room, cfg.batch_size)
             claimed = 0
             try:
                 claimed = await self._claim_and_dispatch(limit)
+                self._saturated = claimed == limit
                 self._db_recovered()
                 db_failures = 0
                 if claimed == limit and not any(self._auth_failures.values()):
@@ -267,6 +282,7 @@ class Worker(Runner):
         # "no queued intent" followed by "no pending job" cannot miss a job in between
         accounts = cfg.accounts
         if (cfg.drain and claimed == 0 and self._inflight == 0 and not self._outbox
+                and not self._ready
                 and not (cfg.drain_waits_for_intents
                          and await self.store.has_queued_intents(accounts))
                 and not await self.store.has_pending(accounts, results=cfg.fetch_results)):
@@ -368,8 +384,11 @@ class Worker(Runner):
                 await self.store.release(jobs)
                 return len(jobs)
             for job in jobs:
-                self._inflight += 1
-                self._spawn(self._read_leased(job))
+                if self._inflight < cfg.concurrency:
+                    self._inflight += 1
+                    self._spawn(self._read_leased(job))
+                else:
+                    self._ready.append(job)  # read as soon as a slot frees
             return len(jobs)
         claimed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._spawn(self._locked_batch(limit, account, claimed))
@@ -499,6 +518,11 @@ class Worker(Runner):
                 self._outbox.append(outcome)
         finally:
             self._inflight -= 1
+            if self._ready and not self._stopping.is_set():
+                self._inflight += 1
+                self._spawn(self._read_leased(self._ready.popleft()))
+                if len(self._ready) < self._refill_min:
+                    self._wake.set()  # time to claim the next batch
         self._outbox_ready.set()
 
     async def _locked_batch(self, limit: int, account: str,
