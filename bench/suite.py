@@ -7,7 +7,8 @@ its own process), and prints ratios. One JSON line per scenario; `--out FILE` ap
 
 Scenarios here: latency (vs the seed's loop), saturation (vs a bare aiohttp client, with CPU
 seconds per 1,000 polls and transactions per poll), lateness (light load and past capacity),
-idle (transactions per minute vs the seed's loop), recovery (kill -9 to rows read again).
+idle (transactions per minute vs the seed's loop), recovery (kill -9 to rows read again),
+scale (claim latency with 10k vs 1M rows).
 """
 
 from __future__ import annotations
@@ -299,6 +300,47 @@ def recovery(url: str, quick: bool) -> dict[str, Any]:
     return out
 
 
+def scale(url: str, quick: bool) -> dict[str, Any]:
+    """6a. Claim latency with 10,000 rows vs 1,000,000 (10,000 pending, the rest finished): the
+    claim statement (lease mode, 100 rows) timed in a transaction rolled back, so every
+    repetition claims the same due rows; EXPLAIN of the large case kept in the output."""
+    from vidpoll.sql import QUERIES
+
+    pending, repeat = 10_000, (50 if quick else 200)
+    params = {"limit": 100, "lease_s": 25.0, "worker_id": "bench", "now": None,
+              "account": "default"}
+    out: dict[str, Any] = {"scenario": "scale", "pending_rows": pending, "repeat": repeat}
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE video_jobs")
+        conn.execute("ALTER TABLE video_jobs DISABLE TRIGGER USER")
+        conn.execute("INSERT INTO video_jobs (job_id, next_poll_at) SELECT 'p' || g, "
+                     "now() - make_interval(secs => g %% 600) FROM generate_series(1, %s) g",
+                     (pending,))
+        for total in (10_000, 1_000_000):
+            finished = total - pending
+            if finished:
+                conn.execute("INSERT INTO video_jobs (job_id, state, finished_at) "
+                             "SELECT 'f' || g, 'completed', now() "
+                             "FROM generate_series(1, %s) g", (finished,))
+            conn.execute("VACUUM ANALYZE video_jobs")
+            times = []
+            for _ in range(repeat):
+                with conn.transaction(force_rollback=True):
+                    started = time.perf_counter()
+                    conn.execute(QUERIES["claim_due"], params).fetchall()
+                    times.append((time.perf_counter() - started) * 1000)
+            times.sort()
+            out[f"claim_ms_{total}"] = {"median": round(times[len(times) // 2], 3),
+                                        "p95": round(times[int(len(times) * 0.95)], 3)}
+        plan = conn.execute("EXPLAIN " + QUERIES["claim_due"], params).fetchall()
+        conn.execute("ALTER TABLE video_jobs ENABLE TRIGGER USER")
+    out["ratio_1m_to_10k"] = round(out["claim_ms_1000000"]["median"]
+                                   / out["claim_ms_10000"]["median"], 2)
+    out["target_ratio"] = 2.0
+    out["explain_1m"] = [r[0] for r in plan]
+    return out
+
+
 def _wait(predicate: Callable[[], bool], within_s: float) -> None:
     deadline = time.monotonic() + within_s
     while not predicate():
@@ -309,7 +351,7 @@ def _wait(predicate: Callable[[], bool], within_s: float) -> None:
 
 SCENARIOS: dict[str, Callable[[str, bool], dict[str, Any]]] = {
     "latency": latency, "saturation": saturation, "lateness": lateness, "idle": idle,
-    "recovery": recovery}
+    "recovery": recovery, "scale": scale}
 
 
 def main() -> None:
