@@ -24,7 +24,7 @@ import logging
 import os
 import random
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -287,11 +287,6 @@ class Deliverer(Runner):
             return cfg.idle_max_s
         # due yet not claimed: another worker's claim holds them for a moment; never a spin
         return min(cfg.idle_max_s, max(due_in + 0.005, BUSY_RETRY_S))
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # -- one delivery -----------------------------------------------------------------------
     async def _deliver(self, claim: ClaimedDelivery) -> None:

@@ -10,7 +10,7 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -98,6 +98,12 @@ class Runner:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run `coro` as a task this loop waits for when it stops."""
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- accounts paused by a refused key (or, for submitters, by an empty account) ---------
     def _now(self) -> float:

@@ -46,7 +46,14 @@ from vidpoll.policy import (
     decide_submit,
     server_pause_s,
 )
-from vidpoll.runner import DB_BACKOFF_MAX_S, IDLE_MAX_S, Runner, default_worker_id, utc_now
+from vidpoll.runner import (
+    DB_BACKOFF_MAX_S,
+    IDLE_MAX_S,
+    MinutesStore,
+    Runner,
+    default_worker_id,
+    utc_now,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +67,7 @@ RELEASE_DELAY_S = 1.0
 WAKE_CHANNELS = ("vidpoll_intents", "vidpoll_job_done")
 
 
-class IntentStore(Protocol):
+class IntentStore(MinutesStore, Protocol):
     """What the submitter needs from PostgreSQL."""
 
     async def claim_intents(self, limit: int, lease_s: float, worker_id: str,
@@ -89,15 +96,6 @@ class IntentStore(Protocol):
     async def pause_bucket(self, account: str, kind: str, seconds: float,
                            refused: bool = False) -> None:
         """Pause every submitter's creates for the account (a 429 also slows it)."""
-
-    async def add_minutes(self, rows: Sequence[Any]) -> None:
-        """Add per-minute counters."""
-
-    async def forget_old_minutes(self) -> None:
-        """Delete counters older than a week."""
-
-    async def due_backlog_sample(self) -> tuple[int, float]:
-        """(rows due now, seconds the oldest is late)."""
 
     def notifications(self, channels: Sequence[str] = ...) -> AsyncIterator[Notice]:
         """One item once listening, then one per NOTIFY on `channels`."""
@@ -217,7 +215,7 @@ class Submitter(Runner):
                         await self._release(intent, 0.0)
                     return
                 for intent in intents:
-                    self._spawn(intent, claimed_at)
+                    self._spawn_send(intent, claimed_at)
                 if len(intents) == limit and limit == free:
                     continue
                 delay = await self._idle_delay(len(intents))
@@ -296,11 +294,9 @@ class Submitter(Runner):
             return budget_wait if budget_wait is not None else RECHECK_S
         return min(cfg.idle_max_s, probe_in, due_in + 0.005)
 
-    def _spawn(self, intent: ClaimedIntent, claimed_at: float) -> None:
+    def _spawn_send(self, intent: ClaimedIntent, claimed_at: float) -> None:
         self._inflight += 1
-        task = asyncio.create_task(self._send_and_count(intent, claimed_at))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._send_and_count(intent, claimed_at))
 
     async def _send_and_count(self, intent: ClaimedIntent, claimed_at: float) -> None:
         try:

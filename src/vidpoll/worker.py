@@ -11,11 +11,11 @@ import collections
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from vidpoll import metrics
 from vidpoll.errors import DatabaseUnavailable
@@ -47,6 +47,7 @@ from vidpoll.policy import (
 from vidpoll.runner import (
     DB_BACKOFF_MAX_S,
     IDLE_MAX_S,
+    MinutesStore,
     Runner,
     default_worker_id,
     utc_now,
@@ -69,7 +70,7 @@ class LockedBatchLike(Protocol):
         """Write outcomes before the transaction commits."""
 
 
-class Store(Protocol):
+class Store(MinutesStore, Protocol):
     """What the worker needs from the job table (and the fleet's rate budget)."""
 
     async def claim(self, limit: int, lease_s: float, worker_id: str,
@@ -117,15 +118,6 @@ class Store(Protocol):
 
     def notifications(self) -> AsyncIterator[Notice]:
         """One item once listening, then one per NOTIFY on the jobs channel."""
-
-    async def add_minutes(self, rows: Sequence[Any]) -> None:
-        """Add per-minute counters."""
-
-    async def forget_old_minutes(self) -> None:
-        """Delete counters older than a week."""
-
-    async def due_backlog_sample(self) -> tuple[int, float]:
-        """(rows due now, seconds the oldest is late)."""
 
 
 class StatusReader(Protocol):
@@ -309,11 +301,6 @@ class Worker(Runner):
                 return min(cfg.idle_max_s, max(BUSY_RETRY_S / 5, self._budget_wait))
             return BUSY_RETRY_S  # due rows exist but others hold them (or a server pause)
         return min(cfg.idle_max_s, probe_in, due_in + 0.005)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _claim_and_dispatch(self, limit: int) -> int:
         """Claim up to `limit` rows, one account at a time (a different one first each turn,
