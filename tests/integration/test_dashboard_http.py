@@ -99,9 +99,15 @@ async def test_the_token_wall(walled_site):
             assert resp.status == 303 and resp.headers["Location"] == "/"  # no open redirect
             cookie = resp.cookies["vidpoll_session"]
             assert TOKEN not in cookie.value and cookie["httponly"]
+        started = asyncio.get_running_loop().time()
         async with http.post(walled_site + "/login", data={"token": "wrong"},
                              allow_redirects=False) as resp:
             assert resp.status == 401
+        assert asyncio.get_running_loop().time() - started >= 1.0  # guessing costs time
+        async with http.post(walled_site + "/login", data={"token": TOKEN},
+                             headers={"X-Forwarded-Proto": "https"},
+                             allow_redirects=False) as resp:
+            assert resp.cookies["vidpoll_session"]["secure"]  # behind TLS: Secure
         async with http.post(walled_site + "/jobs/action", data={"id": "x"},
                              allow_redirects=False) as resp:
             assert resp.status == 401  # a POST without a session is refused, not redirected
