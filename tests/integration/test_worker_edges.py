@@ -105,10 +105,11 @@ async def test_redirects_are_not_followed_and_their_urls_not_recorded(store, fak
 async def test_rows_claimed_ahead_of_free_slots_are_read_once_and_given_back_on_stop(
         store, fake, make_worker):
     # lease mode claims up to half its concurrency (or batch) more than its free slots, so
-    # a slot never waits
-    # for a claim; those rows are read as slots free, never twice, and a stop gives back
-    # the ones not read yet (no counter moves, their old due time back)
-    fake.config.latency_s = 0.3
+    # a slot never waits for a claim; those rows are read as slots free, never twice, and a
+    # stop gives back the ones not read yet (no counter moves, their old due time back)
+    from .test_process import wait_for
+
+    fake.config.latency_s = 30.0  # every read hangs until the client gives up (1 s)
     for i in range(12):
         fake.add_job(f"j{i}", script=[{"sume_status": "completed", "terminal": True}])
         await store.add_job(f"j{i}", delay_s=0)
@@ -116,18 +117,19 @@ async def test_rows_claimed_ahead_of_free_slots_are_read_once_and_given_back_on_
     assert worker._prefetch == 2
     task = asyncio.create_task(worker.run())
     try:
-        await worker.signals.wait_for(lambda: bool(worker._ready), 10)
-        held = len(worker._ready)
+        # four reads in flight, two rows claimed ahead: stable until the reads time out
+        await wait_for(lambda: sum(fake.in_flight.values()) == 4 and len(worker._ready) == 2,
+                       10, "four reads in flight and two rows ready")
+        ahead = [job.job_id for job in worker._ready]
     finally:
         worker.stop()
         await asyncio.wait_for(task, 10)
-    assert held > 0 and fake.overlaps == 0
-    rows = [await store.get_job(f"j{i}") for i in range(12)]
-    finished = [r for r in rows if r["state"] == "completed"]
-    waiting = [r for r in rows if r["state"] == "pending"]
-    assert len(finished) + len(waiting) == 12 and len(waiting) >= held
-    assert all(r["claim_token"] is None and r["polls"] == 0 for r in waiting)
+    for job_id in ahead:  # given back unread
+        row = await store.get_job(job_id)
+        assert row["claim_token"] is None and row["polls"] == 0 and row["errors_total"] == 0
+        assert fake.reads[job_id] == 0
+    fake.config.latency_s = 0.0
     worker = make_worker(concurrency=4, batch_size=8, drain=True)
     await asyncio.wait_for(worker.run(), 20)
     assert await store.counts() == {"completed": 12} and fake.overlaps == 0
-    assert sum(fake.reads.values()) == 12  # every job read exactly once across both
+    assert all(fake.reads[job_id] == 1 for job_id in ahead)  # read once, by the second
