@@ -25,7 +25,14 @@ MAX_BODY_BYTES = 1 << 20
 
 def status_url(base_url: str, job_id: str, path: str = DEFAULT_STATUS_PATH) -> URL:
     """The status URL of one job, already encoded, so aiohttp sends it byte for byte."""
-    base = str(URL(base_url)).rstrip("/")
+    return _job_url(_normal_base(base_url), job_id, path)
+
+
+def _normal_base(base_url: str) -> str:
+    return str(URL(base_url)).rstrip("/")
+
+
+def _job_url(base: str, job_id: str, path: str) -> URL:
     return URL(base + path.replace("{job_id}", job_path_segment(job_id)), encoded=True)
 
 
@@ -36,6 +43,7 @@ class SumeClient:
                  max_connections: int = 100, status_path: str = DEFAULT_STATUS_PATH,
                  create_path: str = DEFAULT_CREATE_PATH) -> None:
         self.base_url = base_url
+        self._base = _normal_base(base_url)  # parsed once: this runs on every read
         self._api_key = api_key
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._max_connections = max_connections
@@ -67,15 +75,15 @@ class SumeClient:
 
     async def read_status(self, job_id: str) -> HttpAnswer:
         """GET the job's status; every failure comes back as an HttpAnswer, never raised."""
-        return await self._call("GET", status_url(self.base_url, job_id, self._status_path))
+        return await self._call("GET", _job_url(self._base, job_id, self._status_path))
 
     async def read_result(self, job_id: str) -> HttpAnswer:
         """GET a completed job's result (409 job_not_completed until it is ready)."""
-        return await self._call("GET", status_url(self.base_url, job_id, DEFAULT_RESULT_PATH))
+        return await self._call("GET", _job_url(self._base, job_id, DEFAULT_RESULT_PATH))
 
     async def create_video(self, payload: dict[str, Any], idempotency_key: str) -> HttpAnswer:
         """POST a new render with our own Idempotency-Key (the paid call)."""
-        url = URL(str(URL(self.base_url)).rstrip("/") + self._create_path, encoded=True)
+        url = URL(self._base + self._create_path, encoded=True)
         return await self._call("POST", url, data=json.dumps(payload).encode(),
                                 headers={"Idempotency-Key": idempotency_key,
                                          "Content-Type": "application/json"})
