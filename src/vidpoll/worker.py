@@ -58,6 +58,9 @@ log = logging.getLogger(__name__)
 RESULTS_TURN = 8
 """Every this many claim turns, result fetches get their share first even if none were seen."""
 BUSY_RETRY_S = 0.25
+# At most one outcome write per this interval: under load a write carries every read of the
+# last 20 ms (one commit, one WAL flush for dozens of rows); a lone read is written at once.
+WRITE_INTERVAL_S = 0.02
 """Floor of the sleep when rows are due but all locked by others: never a hot loop."""
 
 
@@ -172,6 +175,7 @@ class Worker(Runner):
         self._turn = 0
         self._outbox: list[Outcome] = []
         self._outbox_ready = asyncio.Event()
+        self._last_write = float("-inf")
         self._release: list[ClaimedJob] = []
         self._lanes = asyncio.Semaphore(max(1, config.lock_lanes))
         self._seen_words: set[str] = set()
@@ -569,6 +573,10 @@ class Worker(Runner):
                 self._outbox_ready.clear()
                 await self._outbox_ready.wait()
                 continue
+            loop_time = asyncio.get_running_loop().time
+            if not self._writer_may_exit and self._last_write + WRITE_INTERVAL_S > loop_time():
+                await asyncio.sleep(self._last_write + WRITE_INTERVAL_S - loop_time())
+            self._last_write = loop_time()
             batch, self._outbox = self._outbox, []
             release, self._release = self._release, []
             pauses, self._pauses = self._pauses, {}
