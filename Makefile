@@ -28,6 +28,7 @@ $(BENCH_STAMP): $(STAMP)
 # Never part of `make test`. DATABASE_URL set: that server; unset: the embedded one.
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/suite.py --out bench/results.jsonl
+	$(BIN)/python bench/plots.py bench/results.jsonl
 
 bench-quick: $(BENCH_STAMP)
 	$(BIN)/python bench/suite.py --quick --out bench/results-quick.jsonl

@@ -41,6 +41,7 @@ from vidpoll.worker import Worker, WorkerConfig
 KEY = "sk-bench"
 HERE = Path(__file__).resolve().parent
 DB_CONNECTIONS = 4
+PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9)
 
 
 def free_port() -> int:
@@ -213,6 +214,29 @@ def saturation(url: str, quick: bool) -> dict[str, Any]:
             "target_statements_per_poll": 0.05}
 
 
+def throughput(url: str, quick: bool) -> dict[str, Any]:
+    """1b. Reads/s against concurrency at 100 ms ± 30 %: vidpoll and the bare client (no
+    database) at each concurrency, beside the ideal concurrency ÷ latency."""
+    levels = [50, 200] if quick else [25, 50, 100, 200, 400]
+    jobs, window = 5000, (5.0 if quick else 10.0)
+    curve = []
+    with fake_sume(100) as base:
+        for c in levels:
+            bare = subprocess.Popen([sys.executable, str(HERE / "bare_client.py"), base, KEY,
+                                     str(c), str(window + 3), str(jobs)])
+            bare_rate = reads_per_s(base, 2, window)
+            bare.wait()
+            load_backlog(url, jobs)
+            worker = [spawn_vidpoll(url, base, c)]
+            rate = reads_per_s(base, 4, window)
+            stop(worker)
+            curve.append({"concurrency": c, "ideal_reads_per_s": c / 0.1,
+                          "bare_client_reads_per_s": round(bare_rate, 1),
+                          "vidpoll_reads_per_s": round(rate, 1),
+                          "share_of_ideal": round(rate / (c / 0.1), 3)})
+    return {"scenario": "throughput", "jobs": jobs, "window_s": window, "curve": curve}
+
+
 def lateness(url: str, quick: bool) -> dict[str, Any]:
     """4. Lateness of each read (its start minus next_poll_at, by the database's clock) at light
     load (1,000 active jobs, next_poll_after 1 s, 100 ms answers) and past capacity."""
@@ -227,7 +251,11 @@ def lateness(url: str, quick: bool) -> dict[str, Any]:
             curve.append({"active_jobs": jobs, "reads_per_s": round(rate, 1),
                           "p50_ms": round(1000 * lates[len(lates) // 2], 1),
                           "p99_ms": round(1000 * lates[int(len(lates) * 0.99)], 1),
-                          "reads": len(lates)})
+                          "reads": len(lates),
+                          # the distribution, for docs/bench-lateness.png
+                          "percentiles_ms": {str(q): round(1000 * lates[min(
+                              len(lates) - 1, int(len(lates) * q / 100))], 1)
+                              for q in PERCENTILES}})
     return {"scenario": "lateness", "window_s": window, "curve": curve,
             "light_load_p99_ms": curve[0]["p99_ms"], "target_p99_ms": 100}
 
@@ -350,8 +378,8 @@ def _wait(predicate: Callable[[], bool], within_s: float) -> None:
 
 
 SCENARIOS: dict[str, Callable[[str, bool], dict[str, Any]]] = {
-    "latency": latency, "saturation": saturation, "lateness": lateness, "idle": idle,
-    "recovery": recovery, "scale": scale}
+    "latency": latency, "throughput": throughput, "saturation": saturation,
+    "lateness": lateness, "idle": idle, "recovery": recovery, "scale": scale}
 
 
 def main() -> None:

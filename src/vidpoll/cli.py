@@ -47,7 +47,7 @@ from vidpoll.sql import migrations
 from vidpoll.store import InvalidCursor, PgStore, migrate
 from vidpoll.submitter import Submitter, SubmitterConfig
 from vidpoll.sume import SumeClient
-from vidpoll.worker import Worker, WorkerConfig
+from vidpoll.worker import DEFAULT_VACUUM_EVERY_ROWS, Worker, WorkerConfig
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -142,6 +142,10 @@ def migrate_cmd() -> None:
 @click.option("--lease-seconds", type=click.FloatRange(1, 3600),
               help="Lease length; default: HTTP timeout + 10 s.")
 @click.option("--db-connections", default=4, show_default=True, type=click.IntRange(2, 100))
+@click.option("--vacuum-every", default=DEFAULT_VACUUM_EVERY_ROWS, show_default=True,
+              type=click.IntRange(0, 100_000_000), metavar="ROWS",
+              help="VACUUM video_jobs after this many row versions this worker wrote (two a "
+                   "poll), if its role may; 0: leave it to autovacuum.")
 @click.option("--poll-only", is_flag=True, help="Only poll jobs; never POST anything.")
 @click.option("--submit-only", is_flag=True, help="Only send queued intents; never poll.")
 @click.option("--max-active", type=click.IntRange(1, 1_000_000),
@@ -179,7 +183,7 @@ def migrate_cmd() -> None:
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
 def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                batch_size: int, lease_seconds: float | None, db_connections: int,
-               poll_only: bool, submit_only: bool, max_active: int | None,
+               vacuum_every: int, poll_only: bool, submit_only: bool, max_active: int | None,
                submit_concurrency: int, accounts: tuple[str, ...],
                status_rate_per_min: float | None, submit_rate_per_min: float | None,
                rate_burst: float | None, fetch_results: bool, hook_specs: tuple[str, ...],
@@ -218,7 +222,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
         batch_size=batch_size, lock_lanes=db_connections - 1, drain=drain,
         drain_waits_for_intents=not poll_only, listen=not no_listen, policy=settings.policy,
         worker_id=worker_id, accounts=served, budgets=settings.budgets("status", served),
-        fetch_results=fetch_results)
+        fetch_results=fetch_results, vacuum_every_rows=vacuum_every)
     submit_config: SubmitterConfig | None = None
     if not poll_only:
         try:

@@ -315,6 +315,16 @@ class PgStore:
             "due_ats": [j.due_at for j in jobs]})
         return {r["job_id"] for r in rows}
 
+    async def can_vacuum_jobs(self) -> bool:
+        """Whether this role may VACUUM video_jobs."""
+        row = await self._one("can_vacuum_jobs", {})
+        return bool(row and row["allowed"])
+
+    async def vacuum_jobs(self) -> None:
+        """VACUUM video_jobs (skipped if another vacuum holds it)."""
+        async with _translate_errors(), self._pool.connection() as conn:
+            await conn.execute(_q("vacuum_jobs"))
+
     async def next_due_in(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,)) -> float | None:
         """Seconds until the earliest pending row is due (database clock); None if none."""
         row = await self._one("next_due_in", {"accounts": list(accounts)})

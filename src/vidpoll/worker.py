@@ -61,6 +61,9 @@ BUSY_RETRY_S = 0.25
 # At most one outcome write per this interval: under load a write carries every read of the
 # last 20 ms (one commit, one WAL flush for dozens of rows); a lone read is written at once.
 WRITE_INTERVAL_S = 0.02
+# Dead row versions a worker lets pile up before it vacuums the job table: about one
+# second of a busy worker's writes (two per poll)
+DEFAULT_VACUUM_EVERY_ROWS = 5_000
 """Floor of the sleep when rows are due but all locked by others: never a hot loop."""
 
 
@@ -102,6 +105,12 @@ class Store(MinutesStore, Protocol):
 
     async def next_due_in(self, accounts: Sequence[str] = ...) -> float | None:
         """Seconds until the next pending row is due."""
+
+    async def can_vacuum_jobs(self) -> bool:
+        """Whether this role may VACUUM the job table."""
+
+    async def vacuum_jobs(self) -> None:
+        """VACUUM the job table (a no-op if another vacuum holds it)."""
 
     async def has_pending(self, accounts: Sequence[str] = ..., results: bool = ...) -> bool:
         """Whether any row is still pending (or, with `results`, has a result to fetch)."""
@@ -152,6 +161,9 @@ class WorkerConfig:
     """The accounts this worker polls (it has their keys); others' rows are left alone."""
     budgets: Mapping[str, Budget] = field(default_factory=dict)
     """Status-read budgets by account, shared by the fleet; an account without one is unlimited."""
+    vacuum_every_rows: int = DEFAULT_VACUUM_EVERY_ROWS
+    """VACUUM video_jobs after this many row versions written by this worker (claims and
+    records); 0 leaves it to autovacuum alone. See the vacuum_jobs query for why."""
     fetch_results: bool = True
     """Fetch each completed job's result (GET .../result), drawing on the same read budget:
     up to a quarter of a claim's tokens when results are due, and whatever is left over."""
@@ -176,6 +188,9 @@ class Worker(Runner):
         self._outbox: list[Outcome] = []
         self._outbox_ready = asyncio.Event()
         self._last_write = float("-inf")
+        self._written_since_vacuum = 0
+        self._vacuum_allowed: bool | None = None  # asked once, on the first vacuum
+        self._vacuuming = False
         self._release: list[ClaimedJob] = []
         self._lanes = asyncio.Semaphore(max(1, config.lock_lanes))
         self._seen_words: set[str] = set()
@@ -419,6 +434,7 @@ class Worker(Runner):
             await self.signals.pulse()
 
     def _count_claim(self, n: int) -> None:
+        self._wrote(n)
         metrics.CLAIM_BATCH.observe(n)
         self.stats.claims += 1
         self.stats.claimed_rows += n
@@ -528,6 +544,7 @@ class Worker(Runner):
                 results = await asyncio.gather(*(self._read(j) for j in batch.jobs))
                 outcomes = [o for o in results if o is not None]
                 applied = await batch.record(outcomes)
+            self._wrote(len(applied))
             self._account(outcomes, applied)
         except DatabaseUnavailable as exc:
             if not claimed.done():
@@ -562,6 +579,35 @@ class Worker(Runner):
                          extra=event(job_id=outcome.job_id, account=outcome.account,
                                      outcome=outcome.state, http_status=outcome.http_status,
                                      request_id=outcome.request_id))
+
+    # -- vacuum ---------------------------------------------------------------------------
+    def _wrote(self, rows: int) -> None:
+        """Count row versions written; past the threshold, vacuum (one at a time)."""
+        every = self.config.vacuum_every_rows
+        self._written_since_vacuum += rows
+        if (every > 0 and self._written_since_vacuum >= every and not self._vacuuming
+                and self._vacuum_allowed is not False):
+            self._written_since_vacuum = 0
+            self._vacuuming = True
+            self._spawn(self._vacuum())
+
+    async def _vacuum(self) -> None:
+        try:
+            if self._vacuum_allowed is None:
+                self._vacuum_allowed = await self.store.can_vacuum_jobs()
+                if not self._vacuum_allowed:
+                    log.info("this role may not VACUUM video_jobs; its dead rows are left to "
+                             "autovacuum (grant MAINTAIN on PostgreSQL 17+, or see doctor)")
+                    return
+            started = asyncio.get_running_loop().time()
+            await self.store.vacuum_jobs()
+            self.stats.vacuums += 1
+            log.debug("vacuumed video_jobs in %.3fs",
+                      asyncio.get_running_loop().time() - started)
+        except DatabaseUnavailable as exc:  # the next threshold tries again
+            log.debug("vacuum skipped: %s", exc)
+        finally:
+            self._vacuuming = False
 
     async def _writer(self) -> None:
         """Writes queued outcomes in batches: one statement for everything read meanwhile."""
@@ -611,6 +657,7 @@ class Worker(Runner):
                 continue
             failures = 0
             self._db_recovered()
+            self._wrote(len(applied) + len(release))
             self._account(batch, applied)
             self._wake.set()
             await self.signals.pulse()

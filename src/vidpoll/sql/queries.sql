@@ -102,6 +102,24 @@ FROM unnest(%(job_ids)s::text[], %(tokens)s::uuid[], %(due_ats)s::timestamptz[])
 WHERE j.job_id = r.job_id AND j.claim_token = r.claim_token AND j.state = 'pending'
 RETURNING j.job_id;
 
+-- name: can_vacuum_jobs
+-- Whether this role may VACUUM video_jobs (its owner, a member of the owner's role, a
+-- superuser, or from PostgreSQL 17 a holder of MAINTAIN). A worker without it leaves the table
+-- to autovacuum. CASE keeps PostgreSQL before 17 from evaluating the unknown privilege name.
+SELECT pg_has_role(current_user, c.relowner, 'USAGE')
+       OR CASE WHEN current_setting('server_version_num')::int >= 170000
+               THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END AS allowed
+FROM pg_class c
+WHERE c.oid = 'video_jobs'::regclass;
+
+-- name: vacuum_jobs
+-- Every poll writes two row versions that cannot be HOT (next_poll_at is indexed), and
+-- autovacuum visits a database at most once per autovacuum_naptime (a minute by default),
+-- so at thousands of polls a second the table and its partial indexes grow 15-fold between
+-- visits (bench/bloat.py). Workers vacuum it themselves after a set number of row writes.
+-- SKIP_LOCKED: if autovacuum or another worker is at it, this one steps aside.
+VACUUM (SKIP_LOCKED) video_jobs;
+
 -- name: next_due_in
 -- Seconds until the earliest pending row of these accounts is due (negative if overdue), by
 -- the database's clock so worker clock skew does not matter; one index probe per account.
