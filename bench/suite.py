@@ -144,6 +144,14 @@ def db_transactions(url: str) -> int:
         return int(row[0])
 
 
+def wal_bytes(url: str) -> int:
+    """The server's WAL position in bytes (what a replica or an archive has to carry)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')").fetchone()
+        assert row is not None
+        return int(row[0])
+
+
 def postgres_cpu_s() -> float:
     """CPU seconds of every PostgreSQL server process on this machine so far."""
     total = 0.0
@@ -193,10 +201,10 @@ def saturation(url: str, quick: bool) -> dict[str, Any]:
         worker = spawn_vidpoll(url, base, 200)
         time.sleep(4)
         r0, t0 = fake_stats(base)["reads"], time.monotonic()
-        c0, p0 = cpu_s(worker), postgres_cpu_s()
+        c0, p0, w0 = cpu_s(worker), postgres_cpu_s(), wal_bytes(url)
         time.sleep(window)
         r1, t1 = fake_stats(base)["reads"], time.monotonic()
-        c1, p1 = cpu_s(worker), postgres_cpu_s()
+        c1, p1, w1 = cpu_s(worker), postgres_cpu_s(), wal_bytes(url)
         stop([worker])
         life1 = fake_stats(base)["reads"]
         x1 = db_transactions(url)
@@ -208,6 +216,8 @@ def saturation(url: str, quick: bool) -> dict[str, Any]:
             round(rate / bare_rate, 3), "target_share": 0.8,
             "worker_cpu_s_per_1000_polls": round((c1 - c0) / polls * 1000, 3),
             "postgres_cpu_s_per_1000_polls": round((p1 - p0) / polls * 1000, 3),
+            # the whole server's WAL over the window (nothing else writes meanwhile)
+            "wal_bytes_per_poll": round((w1 - w0) / polls),
             # over the worker's whole life, start-up included (each autocommit statement is
             # one transaction; the two reads of the counter are taken out)
             "transactions_per_poll": round((x1 - x0 - 2) / (life1 - life0), 4),
