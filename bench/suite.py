@@ -5,10 +5,12 @@ its own process), and prints ratios. One JSON line per scenario; `--out FILE` ap
     make bench-quick      # .venv/bin/python bench/suite.py --quick
     make bench            # .venv/bin/python bench/suite.py
 
-Scenarios here: latency (vs the seed's loop), saturation (vs a bare aiohttp client, with CPU
-seconds per 1,000 polls and transactions per poll), lateness (light load and past capacity),
-idle (transactions per minute vs the seed's loop), recovery (kill -9 to rows read again),
-scale (claim latency with 10k vs 1M rows).
+Scenarios: latency (vs the seed's loop), throughput (against concurrency, vs the bare
+client), saturation (vs a bare aiohttp client, with CPU seconds per 1,000 polls,
+transactions and WAL bytes per poll), peers (pgqueuer, procrastinate, arq: bench/peers.py),
+lateness (light load and past capacity), idle (transactions per minute vs the seed's loop),
+recovery (kill -9 to rows read again), scale (claim latency with 10k vs 1M rows), bloat (size
+after 1M polls: bench/bloat.py). `bench/plots.py` draws docs/bench-*.png from the output.
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ def cpu_s(proc: subprocess.Popen[bytes]) -> float:
 def latency(url: str, quick: bool) -> dict[str, Any]:
     """1. 100 ms ± 30 %: vidpoll (concurrency 200, 4 connections) vs the seed's loop (4
     processes: at most the same 4 connections)."""
-    jobs, window = (3000, 10.0) if quick else (5000, 30.0)
+    jobs, window = (3000, 5.0) if quick else (5000, 30.0)
     with fake_sume(100) as base:
         load_backlog(url, jobs)
         seed = spawn_seed_loops(url, base, DB_CONNECTIONS)
@@ -190,7 +192,7 @@ def latency(url: str, quick: bool) -> dict[str, Any]:
 def saturation(url: str, quick: bool) -> dict[str, Any]:
     """2. No added latency: vidpoll vs the bare aiohttp client (no database), concurrency 200;
     CPU seconds per 1,000 polls (worker, PostgreSQL) and transactions per poll."""
-    jobs, window = (3000, 10.0) if quick else (5000, 30.0)
+    jobs, window = (3000, 5.0) if quick else (5000, 30.0)
     with fake_sume(0, jitter=0) as base:
         bare = subprocess.Popen([sys.executable, str(HERE / "bare_client.py"), base, KEY, "200",
                                  str(window + 3), str(jobs)])
@@ -227,7 +229,7 @@ def saturation(url: str, quick: bool) -> dict[str, Any]:
 def throughput(url: str, quick: bool) -> dict[str, Any]:
     """1b. Reads/s against concurrency at 100 ms ± 30 %: vidpoll and the bare client (no
     database) at each concurrency, beside the ideal concurrency ÷ latency."""
-    levels = [50, 200] if quick else [25, 50, 100, 200, 400]
+    levels = [200] if quick else [25, 50, 100, 200, 400]
     jobs, window = 5000, (5.0 if quick else 10.0)
     curve = []
     with fake_sume(100) as base:
@@ -251,7 +253,7 @@ def lateness(url: str, quick: bool) -> dict[str, Any]:
     """4. Lateness of each read (its start minus next_poll_at, by the database's clock) at light
     load (1,000 active jobs, next_poll_after 1 s, 100 ms answers) and past capacity."""
     loads = [1000, 3000] if quick else [1000, 2000, 3000, 5000, 10000]
-    window = 10.0 if quick else 20.0
+    window = 5.0 if quick else 20.0
     curve = []
     with fake_sume(100, next_poll_after=1.0) as base:
         for jobs in loads:
@@ -379,6 +381,22 @@ def scale(url: str, quick: bool) -> dict[str, Any]:
     return out
 
 
+def peers(url: str, quick: bool) -> dict[str, Any]:
+    """3. pgqueuer, procrastinate (and arq on Redis), a job per poll re-enqueued
+    `next_poll_after_seconds` later, vs vidpoll: bench/peers.py."""
+    import peers as peer_scenario
+
+    return peer_scenario.peers(url, quick)
+
+
+def bloat(url: str, quick: bool) -> dict[str, Any]:
+    """6b. Size after 1M polls over 10k live jobs, on the embedded PostgreSQL (autovacuum
+    on, whatever DATABASE_URL says): bench/bloat.py."""
+    import bloat as bloat_scenario
+
+    return bloat_scenario.bloat(url, quick)
+
+
 def _wait(predicate: Callable[[], bool], within_s: float) -> None:
     deadline = time.monotonic() + within_s
     while not predicate():
@@ -389,7 +407,8 @@ def _wait(predicate: Callable[[], bool], within_s: float) -> None:
 
 SCENARIOS: dict[str, Callable[[str, bool], dict[str, Any]]] = {
     "latency": latency, "throughput": throughput, "saturation": saturation,
-    "lateness": lateness, "idle": idle, "recovery": recovery, "scale": scale}
+    "peers": peers, "lateness": lateness, "idle": idle, "recovery": recovery, "scale": scale,
+    "bloat": bloat}
 
 
 def main() -> None:
@@ -399,7 +418,10 @@ def main() -> None:
     p.add_argument("--out", type=Path, help="Append each scenario's JSON line here too.")
     args = p.parse_args()
     machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
-    for name in args.only or list(SCENARIOS):
+    # --quick (make bench-quick, under 2 minutes) leaves out the scenarios that need minutes
+    # to mean anything: idle (start-up dominates a short life), peers, bloat (its vacuums)
+    quick_skips = {"idle", "peers", "bloat"}
+    for name in args.only or [n for n in SCENARIOS if not (args.quick and n in quick_skips)]:
         with scratch_database() as url:
             asyncio.run(migrate(url))
             with psycopg.connect(url) as conn:
