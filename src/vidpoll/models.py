@@ -292,6 +292,7 @@ class WorkerStats:
     deliveries_failed: int = 0
     delivery_retries: int = 0
     vacuums: int = 0
+    vacuums_skipped: int = 0
 
     def count_error(self, error_class: ErrorClass) -> None:
         """Add one to the counter of this error class."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import select
 import time
 import weakref
 from collections.abc import AsyncIterator, Sequence
@@ -198,8 +199,21 @@ async def _stamp_returned(conn: psycopg.AsyncConnection[Any]) -> None:
 
 async def _check_if_idle(conn: psycopg.AsyncConnection[Any]) -> None:
     returned = _returned_at.get(conn)
-    if returned is None or time.monotonic() - returned > _CHECK_AFTER_IDLE_S:
+    if (returned is None or time.monotonic() - returned > _CHECK_AFTER_IDLE_S
+            or _has_input(conn)):
         await AsyncConnectionPool.check_connection(conn)
+
+
+def _has_input(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """An idle connection has nothing to read; one the server ended (pg_terminate_backend, a
+    restart, a failover) has its goodbye or EOF waiting. One syscall, no round trip."""
+    if conn.closed:
+        return True
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True
+    return bool(readable)
 
 
 class PgStore:
@@ -208,6 +222,8 @@ class PgStore:
     def __init__(self, pool: AsyncConnectionPool[Any], url: str) -> None:
         self._pool = pool
         self._url = url
+        self._vacuum_conn: psycopg.AsyncConnection[Any] | None = None
+        self._vacuum_notices: list[str] = []
 
     @classmethod
     async def open(cls, url: str, *, max_size: int = 4, timeout_s: float = 10.0,
@@ -238,6 +254,8 @@ class PgStore:
 
     async def close(self) -> None:
         """Close every connection."""
+        if self._vacuum_conn is not None:
+            await self._vacuum_conn.close()
         await self._pool.close()
 
     async def check_schema(self) -> int:
@@ -320,10 +338,24 @@ class PgStore:
         row = await self._one("can_vacuum_jobs", {})
         return bool(row and row["allowed"])
 
-    async def vacuum_jobs(self) -> None:
-        """VACUUM video_jobs (skipped if another vacuum holds it)."""
-        async with _translate_errors(), self._pool.connection() as conn:
+    async def vacuum_jobs(self) -> bool:
+        """VACUUM video_jobs; False if it was skipped (another vacuum held the table).
+
+        On a connection of its own, opened on first use: a VACUUM of a big table must not hold
+        one of the pool's few connections, and no statement_timeout applies to it (a stop
+        cancels it instead).
+        """
+        async with _translate_errors():
+            conn = self._vacuum_conn
+            if conn is None or conn.closed:
+                conn = self._vacuum_conn = await psycopg.AsyncConnection.connect(
+                    self._url, autocommit=True, options="-c statement_timeout=0")
+                conn.add_notice_handler(
+                    lambda d: self._vacuum_notices.append(d.message_primary or ""))
+            self._vacuum_notices.clear()
             await conn.execute(_q("vacuum_jobs"))
+            # VACUUM reports a skip (or a role that may not) as a notice, never an error
+            return not any(m.startswith("skipping") for m in self._vacuum_notices)
 
     async def next_due_in(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,)) -> float | None:
         """Seconds until the earliest pending row is due (database clock); None if none."""

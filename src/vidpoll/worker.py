@@ -58,13 +58,13 @@ log = logging.getLogger(__name__)
 RESULTS_TURN = 8
 """Every this many claim turns, result fetches get their share first even if none were seen."""
 BUSY_RETRY_S = 0.25
-# At most one outcome write per this interval: under load a write carries every read of the
-# last 20 ms (one commit, one WAL flush for dozens of rows); a lone read is written at once.
-WRITE_INTERVAL_S = 0.02
-# Dead row versions a worker lets pile up before it vacuums the job table: about one
-# second of a busy worker's writes (two per poll)
-DEFAULT_VACUUM_EVERY_ROWS = 5_000
 """Floor of the sleep when rows are due but all locked by others: never a hot loop."""
+WRITE_INTERVAL_S = 0.02
+"""At most one outcome write per this interval: under load a write carries every read of the
+last 20 ms (one commit, one WAL flush for dozens of rows); a lone read is written at once."""
+DEFAULT_VACUUM_EVERY_ROWS = 5_000
+"""Dead row versions a worker lets pile up before it vacuums the job table: about one second
+of a busy worker's writes (two per poll)."""
 
 
 class LockedBatchLike(Protocol):
@@ -109,8 +109,8 @@ class Store(MinutesStore, Protocol):
     async def can_vacuum_jobs(self) -> bool:
         """Whether this role may VACUUM the job table."""
 
-    async def vacuum_jobs(self) -> None:
-        """VACUUM the job table (a no-op if another vacuum holds it)."""
+    async def vacuum_jobs(self) -> bool:
+        """VACUUM the job table; False if another vacuum held it (skipped)."""
 
     async def has_pending(self, accounts: Sequence[str] = ..., results: bool = ...) -> bool:
         """Whether any row is still pending (or, with `results`, has a result to fetch)."""
@@ -190,7 +190,8 @@ class Worker(Runner):
         self._last_write = float("-inf")
         self._written_since_vacuum = 0
         self._vacuum_allowed: bool | None = None  # asked once, on the first vacuum
-        self._vacuuming = False
+        # not one of _tasks: a stop cancels it instead of waiting for it
+        self._vacuum_task: asyncio.Task[None] | None = None
         self._release: list[ClaimedJob] = []
         self._lanes = asyncio.Semaphore(max(1, config.lock_lanes))
         self._seen_words: set[str] = set()
@@ -225,6 +226,7 @@ class Worker(Runner):
             await self._main_loop()
         finally:
             self._stopping.set()
+            await self._stop_vacuum()
             if self._ready:  # claimed, never read: back with their old due time
                 ready = list(self._ready)
                 self._ready.clear()
@@ -585,11 +587,11 @@ class Worker(Runner):
         """Count row versions written; past the threshold, vacuum (one at a time)."""
         every = self.config.vacuum_every_rows
         self._written_since_vacuum += rows
-        if (every > 0 and self._written_since_vacuum >= every and not self._vacuuming
-                and self._vacuum_allowed is not False):
+        if (every > 0 and self._written_since_vacuum >= every
+                and (self._vacuum_task is None or self._vacuum_task.done())
+                and self._vacuum_allowed is not False and not self._stopping.is_set()):
             self._written_since_vacuum = 0
-            self._vacuuming = True
-            self._spawn(self._vacuum())
+            self._vacuum_task = asyncio.create_task(self._vacuum(), name="vidpoll-vacuum")
 
     async def _vacuum(self) -> None:
         try:
@@ -597,17 +599,30 @@ class Worker(Runner):
                 self._vacuum_allowed = await self.store.can_vacuum_jobs()
                 if not self._vacuum_allowed:
                     log.info("this role may not VACUUM video_jobs; its dead rows are left to "
-                             "autovacuum (grant MAINTAIN on PostgreSQL 17+, or see doctor)")
+                             "autovacuum (its owner may; so may MAINTAIN on PostgreSQL 17+)")
                     return
             started = asyncio.get_running_loop().time()
-            await self.store.vacuum_jobs()
-            self.stats.vacuums += 1
-            log.debug("vacuumed video_jobs in %.3fs",
-                      asyncio.get_running_loop().time() - started)
+            if await self.store.vacuum_jobs():
+                self.stats.vacuums += 1
+                log.debug("vacuumed video_jobs in %.3fs",
+                          asyncio.get_running_loop().time() - started)
+            else:
+                self.stats.vacuums_skipped += 1  # autovacuum or another worker was at it
         except DatabaseUnavailable as exc:  # the next threshold tries again
-            log.debug("vacuum skipped: %s", exc)
-        finally:
-            self._vacuuming = False
+            log.debug("vacuum not run: %s", exc)
+        except Exception as exc:  # not an outage: say so once and leave it to autovacuum
+            self._vacuum_allowed = False
+            log.warning("VACUUM of video_jobs failed (%s: %s); leaving the table to "
+                        "autovacuum from now on", type(exc).__name__, exc)
+        await self.signals.pulse()
+
+    async def _stop_vacuum(self) -> None:
+        """A stop does not wait for a VACUUM (minutes on a big table): cancel it."""
+        task = self._vacuum_task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def _writer(self) -> None:
         """Writes queued outcomes in batches: one statement for everything read meanwhile."""
