@@ -8,6 +8,8 @@ PYTEST_ARGS ?=
 # The browser tests drive Debian's Chromium (Playwright's Python package talks to it; no
 # browser download). `make test` installs it when it is missing: as root, or with sudo.
 CHROMIUM ?= /usr/bin/chromium
+# The PgBouncer test (transaction pooling, docs/SCALING.md) runs Debian's pgbouncer.
+PGBOUNCER ?= /usr/sbin/pgbouncer
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install demo test lint clean browser bench bench-quick
@@ -48,8 +50,13 @@ $(CHROMIUM):
 
 browser: $(CHROMIUM)
 
-test: lint browser
-	VIDPOLL_CHROMIUM=$(CHROMIUM) $(BIN)/pytest $(PYTEST_ARGS)
+$(PGBOUNCER):
+	@command -v apt-get >/dev/null || { echo "the PgBouncer test needs pgbouncer at $(PGBOUNCER); install it, or point PGBOUNCER= at one"; exit 1; }
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer
+
+test: lint browser $(PGBOUNCER)
+	VIDPOLL_CHROMIUM=$(CHROMIUM) VIDPOLL_PGBOUNCER=$(PGBOUNCER) $(BIN)/pytest $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis test-artifacts

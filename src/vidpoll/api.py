@@ -78,7 +78,8 @@ class Vidpoll:
         """Connect to DATABASE_URL (or the embedded PostgreSQL) with settings from the env."""
         settings = settings or Settings.from_env()
         url = resolve_database_url(database_url or settings.database_url, settings.home)
-        return cls(await PgStore.open(url, max_size=max_connections), settings)
+        return cls(await PgStore.open(url, max_size=max_connections,
+                                      prepare=settings.prepared_statements), settings)
 
     async def __aenter__(self) -> Vidpoll:
         return self

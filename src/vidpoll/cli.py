@@ -83,7 +83,7 @@ def _settings() -> Settings:
 
 async def _open_store(settings: Settings, max_size: int = 4) -> PgStore:
     url = resolve_database_url(settings.database_url, settings.home)
-    return await PgStore.open(url, max_size=max_size)
+    return await PgStore.open(url, max_size=max_size, prepare=settings.prepared_statements)
 
 
 def _on_store(use: Callable[[PgStore], Awaitable[T]]) -> T:

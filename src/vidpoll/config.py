@@ -36,6 +36,17 @@ def _max_active(env: Mapping[str, str]) -> int | None:
     return value
 
 
+def _on_off(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("on", "true", "1", "yes"):
+        return True
+    if raw in ("off", "false", "0", "no"):
+        return False
+    raise ConfigError(f"{name}={raw!r} must be on or off")
+
+
 def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -72,6 +83,9 @@ class Settings:
     webhook_tolerance_s: float = 300.0
     dashboard_token: str = field(default="", repr=False)
     """VIDPOLL_DASHBOARD_TOKEN: required by `vidpoll serve` bound beyond loopback."""
+    prepared_statements: bool = True
+    """VIDPOLL_DB_PREPARE=off: no server-side prepared statements (PgBouncer before 1.21 in
+    transaction mode loses them between transactions)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -109,6 +123,7 @@ class Settings:
             webhook_secret=env.get("SUME_WEBHOOK_SECRET", "").strip(),
             webhook_tolerance_s=_float(env, "VIDPOLL_WEBHOOK_TOLERANCE_S", 300.0, minimum=1.0),
             dashboard_token=env.get("VIDPOLL_DASHBOARD_TOKEN", "").strip(),
+            prepared_statements=_on_off(env, "VIDPOLL_DB_PREPARE", True),
         )
 
     def require_api_key(self, account: str = DEFAULT_ACCOUNT) -> str:

@@ -193,6 +193,11 @@ _returned_at: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
     weakref.WeakKeyDictionary())
 
 
+def _connect_kwargs(prepare: bool) -> dict[str, Any]:
+    # prepare_threshold None: psycopg never prepares on the server
+    return {"autocommit": True} if prepare else {"autocommit": True, "prepare_threshold": None}
+
+
 async def _stamp_returned(conn: psycopg.AsyncConnection[Any]) -> None:
     _returned_at[conn] = time.monotonic()
 
@@ -219,22 +224,27 @@ def _has_input(conn: psycopg.AsyncConnection[Any]) -> bool:
 class PgStore:
     """The job table, through a small pool of autocommit connections."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], url: str) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], url: str, prepare: bool = True) -> None:
         self._pool = pool
         self._url = url
+        self._prepare = prepare
         self._vacuum_conn: psycopg.AsyncConnection[Any] | None = None
         self._vacuum_notices: list[str] = []
 
     @classmethod
     async def open(cls, url: str, *, max_size: int = 4, timeout_s: float = 10.0,
-                   check_schema: bool = True) -> PgStore:
-        """Connect (failing with DatabaseUnavailable if PostgreSQL is down) and check the schema."""
+                   check_schema: bool = True, prepare: bool = True) -> PgStore:
+        """Connect (failing with DatabaseUnavailable if PostgreSQL is down) and check the schema.
+
+        `prepare=False`: no server-side prepared statements (PgBouncer before 1.21 in
+        transaction mode hands each transaction another server connection).
+        """
         # One plain connection first: a dead server fails here at once with its real reason,
         # instead of after the pool's retries.
         await _probe(url, timeout_s)
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             url, min_size=1, max_size=max_size, open=False, timeout=timeout_s,
-            kwargs={"autocommit": True}, check=_check_if_idle, reset=_stamp_returned,
+            kwargs=_connect_kwargs(prepare), check=_check_if_idle, reset=_stamp_returned,
             reconnect_timeout=3600.0, name="vidpoll")
         try:
             await pool.open(wait=True, timeout=timeout_s)
@@ -243,7 +253,7 @@ class PgStore:
             raise DatabaseUnavailable(
                 f"cannot connect to PostgreSQL at {redact_url(url)} within {timeout_s:g} s; "
                 "is it running, and is DATABASE_URL right?") from exc
-        store = cls(pool, url)
+        store = cls(pool, url, prepare)
         if check_schema:
             try:
                 await store.check_schema()
@@ -342,20 +352,26 @@ class PgStore:
         """VACUUM video_jobs; False if it was skipped (another vacuum held the table).
 
         On a connection of its own, opened on first use: a VACUUM of a big table must not hold
-        one of the pool's few connections, and no statement_timeout applies to it (a stop
-        cancels it instead).
+        one of the pool's few connections. A statement_timeout that cancels it raises
+        RuntimeError (not an outage: every later VACUUM would be cancelled the same way).
         """
-        async with _translate_errors():
-            conn = self._vacuum_conn
-            if conn is None or conn.closed:
-                conn = self._vacuum_conn = await psycopg.AsyncConnection.connect(
-                    self._url, autocommit=True, options="-c statement_timeout=0")
-                conn.add_notice_handler(
-                    lambda d: self._vacuum_notices.append(d.message_primary or ""))
-            self._vacuum_notices.clear()
-            await conn.execute(_q("vacuum_jobs"))
-            # VACUUM reports a skip (or a role that may not) as a notice, never an error
-            return not any(m.startswith("skipping") for m in self._vacuum_notices)
+        try:
+            async with _translate_errors():
+                conn = self._vacuum_conn
+                if conn is None or conn.closed:
+                    conn = self._vacuum_conn = await psycopg.AsyncConnection.connect(
+                        self._url, **_connect_kwargs(self._prepare))
+                    conn.add_notice_handler(
+                        lambda d: self._vacuum_notices.append(d.message_primary or ""))
+                self._vacuum_notices.clear()
+                await conn.execute(_q("vacuum_jobs"))
+        except DatabaseUnavailable as exc:
+            if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
+                raise RuntimeError(f"VACUUM was cancelled (statement_timeout?): "
+                                   f"{exc.__cause__}".strip()) from exc
+            raise
+        # VACUUM reports a skip (or a role that may not) as a notice, never an error
+        return not any(m.startswith("skipping") for m in self._vacuum_notices)
 
     async def next_due_in(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,)) -> float | None:
         """Seconds until the earliest pending row is due (database clock); None if none."""

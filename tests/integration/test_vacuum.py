@@ -191,3 +191,44 @@ async def test_a_worker_whose_role_may_not_vacuum_asks_once_and_keeps_polling(
     assert worker.store.asked == 1 and worker.store.vacuums == 0  # type: ignore[attr-defined]
     assert worker.stats.vacuums == 0
     assert "may not VACUUM" in caplog.text
+
+
+async def test_a_statement_timeout_that_cancels_vacuum_is_not_an_outage(db_url):
+    """A role's statement_timeout would cancel every VACUUM alike: a RuntimeError the worker
+    reports once (it then leaves the table to autovacuum), not a silent retry forever."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO video_jobs (job_id, next_poll_at) "
+                     "SELECT 'big' || g, now() FROM generate_series(1, 100000) g")
+        conn.execute("UPDATE video_jobs SET next_poll_at = next_poll_at + interval '1 s'")
+    timed = psycopg.conninfo.make_conninfo(db_url, options="-c statement_timeout=1")
+    store = await PgStore.open(timed, check_schema=False)
+    try:
+        with pytest.raises(RuntimeError, match="VACUUM was cancelled"):
+            await store.vacuum_jobs()
+    finally:
+        await store.close()
+
+
+async def test_a_worker_gives_up_vacuuming_loudly_after_a_non_outage_error(
+        store, fake, make_worker, caplog):
+    class Refusing:
+        def __init__(self, inner: PgStore) -> None:
+            self.inner, self.tries = inner, 0
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.inner, name)
+
+        async def vacuum_jobs(self) -> bool:
+            self.tries += 1
+            raise RuntimeError("VACUUM was cancelled (statement_timeout?)")
+
+    for i in range(20):
+        fake.add_job(f"r{i}")
+        await store.add_job(f"r{i}", delay_s=-1)
+    refusing = Refusing(store)
+    worker = make_worker(vacuum_every_rows=4, concurrency=4, batch_size=4)
+    worker.store = refusing  # type: ignore[assignment]
+    caplog.set_level("WARNING", logger="vidpoll.worker")
+    await run_until(worker, lambda: worker.stats.finished == 20)
+    assert refusing.tries == 1  # tried once, said so, stopped trying
+    assert "leaving the table to autovacuum" in caplog.text

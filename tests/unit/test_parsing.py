@@ -240,6 +240,17 @@ def test_settings_from_env_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> 
     assert s.policy.max_poll_s == 99.0
 
 
+@pytest.mark.parametrize(("raw", "prepare"), [("", True), ("on", True), ("OFF", False),
+                                              ("0", False), ("true", True)])
+def test_db_prepare_switch(raw: str, prepare: bool) -> None:
+    assert Settings.from_env({"VIDPOLL_DB_PREPARE": raw}).prepared_statements is prepare
+
+
+def test_db_prepare_switch_refuses_anything_else() -> None:
+    with pytest.raises(ConfigError, match="VIDPOLL_DB_PREPARE='sometimes' must be on or off"):
+        Settings.from_env({"VIDPOLL_DB_PREPARE": "sometimes"})
+
+
 NUMERIC_VARS = ["VIDPOLL_MIN_POLL_S", "VIDPOLL_MAX_POLL_S", "VIDPOLL_MAX_POLL_AGE_S",
                 "VIDPOLL_NOT_FOUND_MAX_TRIES", "VIDPOLL_NOT_FOUND_MAX_AGE_S",
                 "VIDPOLL_BACKOFF_MAX_S", "VIDPOLL_HTTP_TIMEOUT"]
