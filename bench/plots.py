@@ -94,7 +94,7 @@ def bloat(runs: dict[str, dict[str, Any]]) -> Path | None:
     ax.set_xlabel("status reads so far")
     ax.set_ylabel("size ÷ fresh size")
     ax.set_ylim(bottom=0)
-    ax.set_title(f"Bloat: {run['live_jobs']:,} live jobs, shipped autovacuum settings")
+    ax.set_title(f"Bloat: {run['live_jobs']:,} live jobs, shipped settings (workers vacuum)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save(fig, "bench-bloat.png")
