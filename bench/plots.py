@@ -56,9 +56,7 @@ def throughput(runs: dict[str, dict[str, Any]]) -> Path | None:
     ax.set_xlabel("concurrent reads")
     ax.set_ylabel("status reads per second")
     ax.set_title("Throughput at 100 ms ± 30 % answers (one worker, 4 PG connections)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return save(fig, "bench-throughput.png")
+    return save(fig, ax, "bench-throughput.png")
 
 
 def lateness(runs: dict[str, dict[str, Any]]) -> Path | None:
@@ -75,9 +73,7 @@ def lateness(runs: dict[str, dict[str, Any]]) -> Path | None:
     ax.set_xlabel("percentile")
     ax.set_ylabel("read start - next_poll_at (ms)")
     ax.set_title("Lateness (hint 1 s, 100 ms answers, concurrency 200)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return save(fig, "bench-lateness.png")
+    return save(fig, ax, "bench-lateness.png")
 
 
 def bloat(runs: dict[str, dict[str, Any]]) -> Path | None:
@@ -95,12 +91,12 @@ def bloat(runs: dict[str, dict[str, Any]]) -> Path | None:
     ax.set_ylabel("size ÷ fresh size")
     ax.set_ylim(bottom=0)
     ax.set_title(f"Bloat: {run['live_jobs']:,} live jobs, shipped settings (workers vacuum)")
+    return save(fig, ax, "bench-bloat.png")
+
+
+def save(fig: Any, ax: Any, name: str) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return save(fig, "bench-bloat.png")
-
-
-def save(fig: Any, name: str) -> Path:
     fig.tight_layout()
     out = DOCS / name
     fig.savefig(out, dpi=110)

@@ -11,9 +11,17 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from vidpoll.fake_sume import FakeSume
 from vidpoll.store import PgStore
 
 from ..conftest import run_until
+
+
+async def due_jobs(store: PgStore, fake: FakeSume, prefix: str, n: int) -> None:
+    """`n` jobs the fake knows, all due now."""
+    for i in range(n):
+        fake.add_job(f"{prefix}{i}")
+        await store.add_job(f"{prefix}{i}", delay_s=-1)
 
 
 def vacuum_count(url: str) -> int:
@@ -35,9 +43,7 @@ async def wait_for_count(url: str, at_least: int, within_s: float = 10.0) -> int
 
 async def test_a_worker_vacuums_after_its_row_threshold(db_url, store, fake, make_worker):
     before = vacuum_count(db_url)
-    for i in range(30):
-        fake.add_job(f"v{i}")
-        await store.add_job(f"v{i}", delay_s=-1)
+    await due_jobs(store, fake, "v", 30)
     # 30 jobs end: 30 claims + 30 records = 60 row versions, a vacuum every 20 at most
     worker = make_worker(vacuum_every_rows=20, concurrency=5, batch_size=5)
     await run_until(worker, lambda: worker.stats.finished == 30 and worker.stats.vacuums >= 1)
@@ -74,9 +80,7 @@ async def test_stop_cancels_a_running_vacuum(store, fake, make_worker):
                 raise
             return True
 
-    for i in range(5):
-        fake.add_job(f"s{i}")
-        await store.add_job(f"s{i}", delay_s=-1)
+    await due_jobs(store, fake, "s", 5)
     slow = SlowVacuum(store)
     worker = make_worker(vacuum_every_rows=2, concurrency=5, batch_size=5)
     worker.store = slow  # type: ignore[assignment]
@@ -107,9 +111,7 @@ async def test_pooled_connections_the_server_ended_are_replaced_unseen(db_url, s
 
 
 async def test_vacuum_off_with_zero(db_url, store, fake, make_worker):
-    for i in range(10):
-        fake.add_job(f"z{i}")
-        await store.add_job(f"z{i}", delay_s=-1)
+    await due_jobs(store, fake, "z", 10)
     worker = make_worker(vacuum_every_rows=0)
     await run_until(worker, lambda: worker.stats.finished == 10)
     assert worker.stats.vacuums == 0
@@ -181,9 +183,7 @@ async def test_a_worker_whose_role_may_not_vacuum_asks_once_and_keeps_polling(
         async def vacuum_jobs(self) -> None:
             self.vacuums += 1
 
-    for i in range(20):
-        fake.add_job(f"n{i}")
-        await store.add_job(f"n{i}", delay_s=-1)
+    await due_jobs(store, fake, "n", 20)
     worker = make_worker(vacuum_every_rows=5, concurrency=4, batch_size=4)
     worker.store = NotOwner(store)  # type: ignore[assignment]
     caplog.set_level("INFO", logger="vidpoll.worker")
@@ -222,9 +222,7 @@ async def test_a_worker_gives_up_vacuuming_loudly_after_a_non_outage_error(
             self.tries += 1
             raise RuntimeError("VACUUM was cancelled (statement_timeout?)")
 
-    for i in range(20):
-        fake.add_job(f"r{i}")
-        await store.add_job(f"r{i}", delay_s=-1)
+    await due_jobs(store, fake, "r", 20)
     refusing = Refusing(store)
     worker = make_worker(vacuum_every_rows=4, concurrency=4, batch_size=4)
     worker.store = refusing  # type: ignore[assignment]
