@@ -81,9 +81,11 @@ def _settings() -> Settings:
         sys.exit(2)
 
 
-async def _open_store(settings: Settings, max_size: int = 4) -> PgStore:
+async def _open_store(settings: Settings, max_size: int = 4,
+                      application_name: str = "vidpoll") -> PgStore:
     url = resolve_database_url(settings.database_url, settings.home)
-    return await PgStore.open(url, max_size=max_size, prepare=settings.prepared_statements)
+    return await PgStore.open(url, max_size=max_size, prepare=settings.prepared_statements,
+                              application_name=application_name)
 
 
 def _on_store(use: Callable[[PgStore], Awaitable[T]]) -> T:
@@ -238,7 +240,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
             sys.exit(2)
 
     async def go() -> None:
-        store = await _open_store(settings, db_connections)
+        store = await _open_store(settings, db_connections, f"vidpoll {worker_id}")
         try:
             async with contextlib.AsyncExitStack() as stack:
                 clients = {a: await stack.enter_async_context(SumeClient(

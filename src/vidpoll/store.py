@@ -233,12 +233,19 @@ class PgStore:
 
     @classmethod
     async def open(cls, url: str, *, max_size: int = 4, timeout_s: float = 10.0,
-                   check_schema: bool = True, prepare: bool = True) -> PgStore:
+                   check_schema: bool = True, prepare: bool = True,
+                   application_name: str | None = None) -> PgStore:
         """Connect (failing with DatabaseUnavailable if PostgreSQL is down) and check the schema.
 
         `prepare=False`: no server-side prepared statements (PgBouncer before 1.21 in
         transaction mode hands each transaction another server connection).
+        `application_name`: what pg_stat_activity shows for every connection of this store
+        (a worker passes its id); an application_name already in `url` wins.
         """
+        if application_name and "application_name" not in psycopg.conninfo.conninfo_to_dict(url):
+            # the server truncates to 63 bytes; cut here so the name it keeps is predictable
+            name = application_name.encode()[:63].decode(errors="ignore")
+            url = psycopg.conninfo.make_conninfo(url, application_name=name)
         # One plain connection first: a dead server fails here at once with its real reason,
         # instead of after the pool's retries.
         await _probe(url, timeout_s)

@@ -178,3 +178,30 @@ async def test_seed_loop_keeps_working_through_migrate_and_beside_vidpoll(
     # both did real work side by side: the seed's claim kept running after the upgrade
     assert seed.reads > reads_at_migrate and worker.stats.finished > 0
     assert len(seed.finished) + worker.stats.finished == 120
+
+
+async def test_every_connection_of_a_store_carries_its_application_name(db_url):
+    store = await PgStore.open(db_url, application_name="vidpoll host:1:abcdef")
+    try:
+        await store.counts()
+        with psycopg.connect(db_url) as conn:
+            names = {r[0] for r in conn.execute(
+                "SELECT application_name FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()")}
+        assert names == {"vidpoll host:1:abcdef"}
+    finally:
+        await store.close()
+
+
+async def test_an_application_name_in_the_url_wins(db_url):
+    url = psycopg.conninfo.make_conninfo(db_url, application_name="mine")
+    store = await PgStore.open(url, application_name="vidpoll host:1:abcdef" + "x" * 80)
+    try:
+        await store.counts()
+        with psycopg.connect(db_url) as conn:
+            names = {r[0] for r in conn.execute(
+                "SELECT application_name FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()")}
+        assert names == {"mine"}
+    finally:
+        await store.close()
