@@ -219,12 +219,17 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
         sys.exit(2)
     lease_s = lease_seconds or settings.http_timeout_s + DEFAULT_LEASE_MARGIN_S
     worker_id = default_worker_id()
-    poll_config = WorkerConfig(
-        concurrency=concurrency, claim_mode=ClaimMode(claim_mode), lease_s=lease_s,
-        batch_size=batch_size, lock_lanes=db_connections - 1, drain=drain,
-        drain_waits_for_intents=not poll_only, listen=not no_listen, policy=settings.policy,
-        worker_id=worker_id, accounts=served, budgets=settings.budgets("status", served),
-        fetch_results=fetch_results, vacuum_every_rows=vacuum_every)
+    try:
+        poll_config = WorkerConfig(
+            concurrency=concurrency, claim_mode=ClaimMode(claim_mode), lease_s=lease_s,
+            batch_size=batch_size, lock_lanes=db_connections - 1, drain=drain,
+            drain_waits_for_intents=not poll_only, listen=not no_listen,
+            policy=settings.policy, worker_id=worker_id, accounts=served,
+            budgets=settings.budgets("status", served), fetch_results=fetch_results,
+            vacuum_every_rows=vacuum_every, read_timeout_s=settings.http_timeout_s)
+    except ConfigError as exc:
+        click.echo(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)", err=True)
+        sys.exit(2)
     submit_config: SubmitterConfig | None = None
     if not poll_only:
         try:

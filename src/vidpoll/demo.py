@@ -116,7 +116,7 @@ async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
             policy = PollPolicy(backoff_base_s=1.0, backoff_max_s=8.0)
             workers = [Worker(store, client, WorkerConfig(
                 concurrency=10, drain=True, drain_waits_for_intents=True, lease_s=8.0,
-                batch_size=10,
+                read_timeout_s=3.0, batch_size=10,
                 claim_mode=ClaimMode.LOCK if i == n_workers - 1 and i else ClaimMode.LEASE,
                 worker_id=f"demo-{i + 1}", policy=policy,
                 budgets={"default": Budget(READS_PER_S, 2 * READS_PER_S)}))

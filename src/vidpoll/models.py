@@ -284,6 +284,8 @@ class WorkerStats:
     recorded: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     fenced_out: int = 0
+    too_late_to_read: int = 0
+    """Claimed rows given back unread: too little of their lease was left for one read."""
     db_errors: int = 0
     server_pauses: int = 0
     results_fetched: int = 0

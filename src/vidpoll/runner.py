@@ -22,6 +22,9 @@ from vidpoll.policy import AuthPause, PollPolicy, auth_pause_delay, backoff_dela
 
 log = logging.getLogger(__name__)
 
+MIN_LEASE_MARGIN_S = 1.0
+"""A lease must outlast the HTTP timeout by at least this much."""
+
 IDLE_MAX_S = 30.0
 """An idle loop checks the table at least this often even if no NOTIFY arrives."""
 DB_BACKOFF_MAX_S = 30.0

@@ -49,6 +49,7 @@ from vidpoll.policy import (
 from vidpoll.runner import (
     DB_BACKOFF_MAX_S,
     IDLE_MAX_S,
+    MIN_LEASE_MARGIN_S,
     MinutesStore,
     Runner,
     default_worker_id,
@@ -60,8 +61,6 @@ log = logging.getLogger(__name__)
 RECHECK_S = 2.0
 """Sleep when intents are due but none could be claimed (all slots taken, or another
 submitter holds them); a finishing job's NOTIFY usually wakes the submitter sooner."""
-MIN_LEASE_MARGIN_S = 1.0
-"""A lease must outlast the HTTP timeout by at least this much."""
 RELEASE_DELAY_S = 1.0
 """An intent given back unsent is due again after this long, never at once (no spinning)."""
 WAKE_CHANNELS = ("vidpoll_intents", "vidpoll_job_done")

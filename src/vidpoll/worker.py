@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Protocol
 
 from vidpoll import metrics
-from vidpoll.errors import DatabaseUnavailable
+from vidpoll.errors import ConfigError, DatabaseUnavailable
 from vidpoll.logs import event
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
@@ -47,6 +47,7 @@ from vidpoll.policy import (
 from vidpoll.runner import (
     DB_BACKOFF_MAX_S,
     IDLE_MAX_S,
+    MIN_LEASE_MARGIN_S,
     MinutesStore,
     Runner,
     default_worker_id,
@@ -167,6 +168,18 @@ class WorkerConfig:
     fetch_results: bool = True
     """Fetch each completed job's result (GET .../result), drawing on the same read budget:
     up to a quarter of a claim's tokens when results are due, and whatever is left over."""
+    read_timeout_s: float = 0.0
+    """How long one status read may take (the HTTP client's timeout). In lease mode a claimed
+    row is read only while that much of its lease is left, so a worker that fell behind
+    (paused, starved of CPU, rows waiting in the claimed-ahead buffer) gives the row back
+    instead of reading a row whose lease another worker may hold by then. 0: the lease alone."""
+
+    def __post_init__(self) -> None:
+        if (self.claim_mode is ClaimMode.LEASE and self.read_timeout_s > 0
+                and self.lease_s < self.read_timeout_s + MIN_LEASE_MARGIN_S):
+            raise ConfigError(f"the lease ({self.lease_s:g}s) must be longer than the HTTP "
+                              f"timeout ({self.read_timeout_s:g}s) by at least "
+                              f"{MIN_LEASE_MARGIN_S:g}s, or a read could outlive its lease")
 
 
 class Worker(Runner):
@@ -198,7 +211,8 @@ class Worker(Runner):
         self._db_down_since: float | None = None
         self._writer_may_exit = False
         self._results_seen: dict[str, bool] = {}
-        self._ready: collections.deque[ClaimedJob] = collections.deque()
+        # claimed ahead, waiting for a slot: each row with the loop time its claim was sent
+        self._ready: collections.deque[tuple[ClaimedJob, float]] = collections.deque()
         self._prefetch = (min(config.batch_size, config.concurrency) // 2
                           if config.claim_mode is ClaimMode.LEASE else 0)
         self._refill_min = max(1, self._prefetch // 2)
@@ -228,7 +242,7 @@ class Worker(Runner):
             self._stopping.set()
             await self._stop_vacuum()
             if self._ready:  # claimed, never read: back with their old due time
-                ready = list(self._ready)
+                ready = [job for job, _ in self._ready]
                 self._ready.clear()
                 with contextlib.suppress(DatabaseUnavailable):  # else their leases end
                     await self.store.release(ready)
@@ -386,6 +400,8 @@ class Worker(Runner):
     async def _claim_some(self, account: str, limit: int, locked_lane: bool) -> int:
         cfg = self.config
         if not locked_lane:
+            # taken before the claim: the lease guard must count any wait inside it
+            claimed_at = asyncio.get_running_loop().time()
             jobs = await self.store.claim(limit, cfg.lease_s, cfg.worker_id, account)
             self._count_claim(len(jobs))
             if self._stopping.is_set():  # stop() arrived during the claim: give them back
@@ -394,9 +410,9 @@ class Worker(Runner):
             for job in jobs:
                 if self._inflight < cfg.concurrency:
                     self._inflight += 1
-                    self._spawn(self._read_leased(job))
+                    self._spawn(self._read_leased(job, claimed_at))
                 else:
-                    self._ready.append(job)  # read as soon as a slot frees
+                    self._ready.append((job, claimed_at))  # read as soon as a slot frees
             return len(jobs)
         claimed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._spawn(self._locked_batch(limit, account, claimed))
@@ -515,9 +531,17 @@ class Worker(Runner):
         self._pauses[account] = (max(pause, seconds), refused or answer.status == 429)
         self._outbox_ready.set()
 
-    async def _read_leased(self, job: ClaimedJob) -> None:
+    async def _read_leased(self, job: ClaimedJob, claimed_at: float) -> None:
         try:
-            outcome = await self._read(job)
+            cfg = self.config
+            left_s = cfg.lease_s - (asyncio.get_running_loop().time() - claimed_at)
+            if left_s < cfg.read_timeout_s or left_s <= 0:
+                # the lease could end before the answer arrives; another worker may then
+                # read the row at the same moment, earlier than the hint it recorded
+                self.stats.too_late_to_read += 1
+                outcome = None
+            else:
+                outcome = await self._read(job)
         except Exception:
             log.exception("unexpected error reading job %s; its lease will expire", job.job_id)
         else:
@@ -529,7 +553,7 @@ class Worker(Runner):
             self._inflight -= 1
             if self._ready and not self._stopping.is_set():
                 self._inflight += 1
-                self._spawn(self._read_leased(self._ready.popleft()))
+                self._spawn(self._read_leased(*self._ready.popleft()))
                 if len(self._ready) < self._refill_min:
                     self._wake.set()  # time to claim the next batch
         self._outbox_ready.set()

@@ -54,8 +54,9 @@ async def seed_jobs(store: PgStore, fake: FakeSume, n: int, prefix: str = "k") -
 async def test_kill_9_mid_batch_loses_nothing(store, fake, fake_url, db_url, make_worker, mode):
     ids = await seed_jobs(store, fake, 20)
     fake.config.latency_s = 30.0  # every read hangs in flight until the process dies
-    proc = await spawn_worker(cli_env(db_url, fake_url), "--claim", mode, "--concurrency", "50",
-                              "--lease-seconds", "2", "--poll-only")
+    # a 1 s HTTP timeout: reads hang for 30 s, so the lease guard (timeout + 1 s) matters
+    proc = await spawn_worker(cli_env(db_url, fake_url, VIDPOLL_HTTP_TIMEOUT="1"), "--claim",
+                              mode, "--concurrency", "50", "--lease-seconds", "2", "--poll-only")
     try:
         await wait_for(lambda: sum(fake.in_flight.values()) == len(ids), 20,
                        "the worker should have every row in flight")

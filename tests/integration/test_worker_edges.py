@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from vidpoll.models import HttpAnswer
+import pytest
+
+from vidpoll.errors import ConfigError
+from vidpoll.models import ClaimMode, HttpAnswer
 from vidpoll.policy import PollPolicy
 from vidpoll.store import PgStore
 from vidpoll.worker import Worker, WorkerConfig
@@ -120,7 +123,7 @@ async def test_rows_claimed_ahead_of_free_slots_are_read_once_and_given_back_on_
         # four reads in flight, two rows claimed ahead: stable until the reads time out
         await wait_for(lambda: sum(fake.in_flight.values()) == 4 and len(worker._ready) == 2,
                        10, "four reads in flight and two rows ready")
-        ahead = [job.job_id for job in worker._ready]
+        ahead = [job.job_id for job, _ in worker._ready]
     finally:
         worker.stop()
         await asyncio.wait_for(task, 10)
@@ -133,3 +136,41 @@ async def test_rows_claimed_ahead_of_free_slots_are_read_once_and_given_back_on_
     await asyncio.wait_for(worker.run(), 20)
     assert await store.counts() == {"completed": 12} and fake.overlaps == 0
     assert all(fake.reads[job_id] == 1 for job_id in ahead)  # read once, by the second
+
+
+class StalledClaims(GatedClaims):
+    """The real store, with the first claim's answer held back (a worker that fell behind)."""
+
+    def __init__(self, inner: PgStore, stall_s: float) -> None:
+        super().__init__(inner)
+        self.stall_s = stall_s
+        self.stalls = 0
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        jobs = await self.inner.claim(*args, **kwargs)
+        if jobs and not self.stalls:
+            self.stalls += 1
+            await asyncio.sleep(self.stall_s)  # a pause, GC or CPU starvation
+        return jobs
+
+
+async def test_a_row_whose_lease_is_too_short_for_one_read_is_given_back_unread(
+        store, fake, client):
+    # lease 2 s, read timeout 1 s, and the claim's answer arrives 1.5 s late: a read started
+    # now could end after the lease, when another worker may already read the row
+    fake.add_job("late", script=[{"sume_status": "completed", "terminal": True}])
+    await store.add_job("late", delay_s=-5)
+    stalled = StalledClaims(store, stall_s=1.5)
+    worker = Worker(stalled, client, WorkerConfig(  # type: ignore[arg-type]
+        lease_s=2, read_timeout_s=1, listen=False, idle_max_s=0.2))
+    await run_until(worker, lambda: worker.stats.finished == 1, within_s=15)
+    assert worker.stats.too_late_to_read == 1
+    assert fake.reads["late"] == 1  # read once: on the second claim, not the stalled one
+    assert (await store.get_job("late"))["state"] == "completed"
+
+
+def test_a_lease_shorter_than_one_read_is_refused():
+    with pytest.raises(ConfigError, match="longer than the HTTP timeout"):
+        WorkerConfig(lease_s=10, read_timeout_s=15)
+    WorkerConfig(lease_s=10, read_timeout_s=15, claim_mode=ClaimMode.LOCK)  # no lease to outlive
+    WorkerConfig(lease_s=16, read_timeout_s=15)
