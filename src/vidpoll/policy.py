@@ -74,6 +74,12 @@ def validate_job_id(job_id: str) -> str:
         raise InvalidJobId("job id must be a non-empty string")
     if "\x00" in job_id:
         raise InvalidJobId("job id contains a NUL byte, which PostgreSQL text cannot hold")
+    try:
+        job_id.encode("utf-8")
+    except UnicodeEncodeError:
+        # a lone surrogate (U+D800-U+DFFF): psycopg could not send it, nor a URL carry it
+        raise InvalidJobId("job id contains a lone surrogate (U+D800-U+DFFF), which UTF-8 "
+                           "cannot encode") from None
     if len(job_id) > MAX_JOB_ID_LEN:
         raise InvalidJobId(f"job id is {len(job_id)} characters; the limit is {MAX_JOB_ID_LEN}")
     return job_id
