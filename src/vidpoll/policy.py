@@ -35,6 +35,7 @@ from vidpoll.models import (
 
 DEFAULT_POLL_INTERVAL_S = 15.0
 MAX_JOB_ID_LEN = 1024
+"""Bytes of a job id in UTF-8 (its percent-encoded URL then fits any server's request line)."""
 MAX_KEY_LEN = 255
 IN_PROGRESS_STATUSES = frozenset({"queued", "running", "processing", "pending", "submitted"})
 MAX_ERROR_TEXT = 500
@@ -66,7 +67,8 @@ class AuthPause:
 
 
 def validate_job_id(job_id: str) -> str:
-    """Return `job_id` unchanged if PostgreSQL can store it; raise InvalidJobId otherwise.
+    """Return `job_id` unchanged if PostgreSQL can store it and a URL carry it; else raise
+    InvalidJobId (empty, NUL, lone surrogate, over 1024 bytes in UTF-8).
 
     Any other character is fine: ids are stored as given and percent-encoded on the wire.
     """
@@ -80,8 +82,12 @@ def validate_job_id(job_id: str) -> str:
         # a lone surrogate (U+D800-U+DFFF): psycopg could not send it, nor a URL carry it
         raise InvalidJobId("job id contains a lone surrogate (U+D800-U+DFFF), which UTF-8 "
                            "cannot encode") from None
-    if len(job_id) > MAX_JOB_ID_LEN:
-        raise InvalidJobId(f"job id is {len(job_id)} characters; the limit is {MAX_JOB_ID_LEN}")
+    size = len(job_id.encode("utf-8"))
+    if size > MAX_JOB_ID_LEN:
+        # bytes, not characters: percent-encoded, 1024 characters of CJK text are a 9 KB path,
+        # past the 8 KB request line aiohttp, nginx and most servers accept (the read would
+        # fail with 400/414 until the row gave up); 1024 bytes encode to at most 3 KB
+        raise InvalidJobId(f"job id is {size} bytes in UTF-8; the limit is {MAX_JOB_ID_LEN}")
     return job_id
 
 
