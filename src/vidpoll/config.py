@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import platformdirs
 
@@ -18,6 +20,41 @@ DEFAULT_HTTP_TIMEOUT_S = 15.0
 DEFAULT_LEASE_MARGIN_S = 10.0
 DEFAULT_MAX_ACTIVE = 50
 DEFAULT_FIRST_POLL_S = 15.0
+ALLOW_INSECURE_HTTP_VARIABLE = "VIDPOLL_ALLOW_INSECURE_HTTP"
+"""Set to 1 to send the API key over plain http:// to a host that is not loopback."""
+
+
+def loopback_hostname(host: str) -> bool:
+    """Whether `host` (a URL's host, brackets removed) is this machine: `localhost`,
+    127.0.0.0/8 or ::1. Anything else, a name that merely resolves to loopback included, is
+    not: a name can be made to resolve anywhere."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_base_url(base: str, allow_insecure_http: bool = False) -> str:
+    """`base` if it is a usable Sume base URL, else a ConfigError saying why.
+
+    Plain http:// sends the API key (and reads answers) in clear text, so it is refused for
+    any host but loopback (the fake Sume, the demo and tests) unless explicitly allowed."""
+    if not base.startswith(("http://", "https://")):
+        raise ConfigError(f"SUME_BASE_URL={base!r} must start with http:// or https://")
+    try:
+        host = urlsplit(base).hostname or ""
+    except ValueError:
+        raise ConfigError(f"SUME_BASE_URL={base!r} is not a valid URL") from None
+    if not host:
+        raise ConfigError(f"SUME_BASE_URL={base!r} has no host")
+    if base.startswith("http://") and not loopback_hostname(host) and not allow_insecure_http:
+        raise ConfigError(
+            f"SUME_BASE_URL={base!r} is plain http:// to {host!r}, which is not loopback: the "
+            f"API key would cross the network in clear text. Use https://, or set "
+            f"{ALLOW_INSECURE_HTTP_VARIABLE}=1 if a trusted network really needs it")
+    return base
 
 
 def _max_active(env: Mapping[str, str]) -> int | None:
@@ -91,9 +128,8 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read DATABASE_URL, SUME_*, VIDPOLL_* (see README for the list)."""
         env = os.environ if env is None else env
-        base = env.get("SUME_BASE_URL", "").strip() or DEFAULT_SUME_BASE_URL
-        if not base.startswith(("http://", "https://")):
-            raise ConfigError(f"SUME_BASE_URL={base!r} must start with http:// or https://")
+        base = check_base_url(env.get("SUME_BASE_URL", "").strip() or DEFAULT_SUME_BASE_URL,
+                              _on_off(env, ALLOW_INSECURE_HTTP_VARIABLE, False))
         home = env.get("VIDPOLL_HOME", "").strip()
         policy = PollPolicy(
             min_poll_s=_float(env, "VIDPOLL_MIN_POLL_S", 1.0, minimum=0.01),

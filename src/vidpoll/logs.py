@@ -18,14 +18,16 @@ import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from vidpoll.media import redact_urls
 
 EVENT_FIELDS = ("job_id", "account", "outcome", "http_status", "request_id", "key",
                 "consumer", "worker_id", "error_class")
 """The fields an event may carry (anything else passed in `extra` is ignored)."""
-SECRET_VARIABLES = ("SUME_WEBHOOK_SECRET", "VIDPOLL_DASHBOARD_TOKEN")
-"""Besides SUME_API_KEY and SUME_API_KEY_<ACCOUNT>."""
+SECRET_VARIABLES = ("SUME_WEBHOOK_SECRET", "VIDPOLL_DASHBOARD_TOKEN", "PGPASSWORD")
+"""Besides SUME_API_KEY, SUME_API_KEY_<ACCOUNT> and the password in DATABASE_URL."""
+_CONNINFO_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
 _BEARER = re.compile(r"(?i)(bearer\s+)[^\s'\",]+")
 
 
@@ -38,9 +40,29 @@ def secrets_from_env(env: Mapping[str, str] | None = None) -> list[str]:
     """The values that must never be logged, as this process knows them."""
     env = os.environ if env is None else env
     found = [v.strip() for k, v in env.items()
-             if (k == "SUME_API_KEY" or k.startswith("SUME_API_KEY_") or k in SECRET_VARIABLES)
-             and len(v.strip()) >= 4]
+             if k == "SUME_API_KEY" or k.startswith("SUME_API_KEY_") or k in SECRET_VARIABLES]
+    found += database_passwords(env.get("DATABASE_URL", ""))
+    found = [v for v in found if len(v) >= 4]
     return sorted(set(found), key=len, reverse=True)  # longest first: no partial leftovers
+
+
+def database_passwords(url: str) -> list[str]:
+    """The password in a libpq URL or conninfo string, as written and decoded (an error may
+    quote either)."""
+    url = url.strip()
+    if "://" in url:
+        try:
+            password = urlsplit(url).password
+        except ValueError:
+            return []
+        return [] if not password else sorted({password, unquote(password)})
+    match = _CONNINFO_PASSWORD.search(url)
+    if not match:
+        return []
+    value = match.group(1)
+    if value.startswith("'"):
+        value = re.sub(r"\\(.)", r"\1", value[1:-1])
+    return [value]
 
 
 class Redactor:

@@ -47,6 +47,11 @@ def make_app(store: PgStore, webhook_secret: str | None,
     async def webhook(request: web.Request) -> web.Response:
         if not webhook_secret:
             return web.json_response({"error": "SUME_WEBHOOK_SECRET is not set"}, status=503)
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            # refused on its header, before a byte of it is read; a body without a length
+            # (chunked) is cut off by client_max_size as soon as it passes the limit
+            return web.json_response({"error": f"body larger than {MAX_BODY_BYTES} bytes"},
+                                     status=413)
         body = await request.read()
         try:
             verify(webhook_secret, request.headers.get("X-Sume-Timestamp"),
@@ -74,7 +79,8 @@ def make_app(store: PgStore, webhook_secret: str | None,
     app.router.add_post("/webhooks/sume", webhook)
     add_health_and_metrics(app, store)
     if dashboard:
-        setup_dashboard(app, store, Guard(dashboard_token, loopback_only))
+        setup_dashboard(app, store, Guard(dashboard_token, loopback_only),
+                        secrets=[webhook_secret] if webhook_secret else [])
     return app
 
 

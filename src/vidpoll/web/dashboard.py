@@ -21,7 +21,7 @@ import hmac
 import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -30,6 +30,7 @@ import jinja2
 from aiohttp import web
 from markupsafe import Markup, escape
 
+from vidpoll.logs import Redactor, secrets_from_env
 from vidpoll.media import without_signatures
 from vidpoll.models import LOCAL_TERMINAL_STATES, PENDING, QUEUED, REJECTED, SUBMITTED
 from vidpoll.store import InvalidCursor, PgStore
@@ -123,10 +124,28 @@ def safe_next(target: str) -> str:
     return "/" if parts.scheme or parts.netloc else target
 
 
-def setup_dashboard(app: web.Application, store: PgStore, guard: Guard) -> None:
-    """Add the dashboard's routes and its guard to `app`."""
+def shown(redact: Redactor) -> Callable[[Any], Any]:
+    """Jinja's `finalize`: every value a template prints, redacted (escaping comes after)."""
+
+    def finalize(value: Any) -> Any:
+        if isinstance(value, Markup):  # already HTML (charts, tojson): keep it HTML
+            return Markup(redact(str(value)).replace("<redacted>", "&lt;redacted&gt;"))
+        if isinstance(value, str):
+            return redact(value)
+        return value
+
+    return finalize
+
+
+def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
+                    secrets: Iterable[str] = ()) -> None:
+    """Add the dashboard's routes and its guard to `app`; `secrets` (besides those of the
+    environment and the dashboard token) are never shown."""
+    redact = Redactor([s for s in (*secrets_from_env(), *secrets, guard.token or "")
+                       if len(s) >= 4])
     env = jinja2.Environment(loader=jinja2.PackageLoader("vidpoll.web", "templates"),
-                             autoescape=True, undefined=jinja2.StrictUndefined)
+                             autoescape=True, undefined=jinja2.StrictUndefined,
+                             finalize=shown(redact))
     env.filters["when"] = _when
     env.filters["ago"] = _ago
     env.filters["q"] = lambda v: quote(str(v), safe="")
