@@ -185,3 +185,70 @@ async def test_serve_refuses_to_expose_the_dashboard_without_a_good_token(db_url
             env=cli_env(db_url, fake_url, **extra), stderr=asyncio.subprocess.PIPE)
         _, err = await asyncio.wait_for(proc.communicate(), 30)
         assert proc.returncode == 2 and says in err, err
+
+
+async def signed_in_session(site: str) -> aiohttp.ClientSession:
+    """A browser-like session that logged in with the token (its own cookie jar)."""
+    http = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+    async with http.post(site + "/login", data={"token": TOKEN},
+                         allow_redirects=False) as resp:
+        assert resp.status == 303
+    return http
+
+
+async def test_a_csrf_token_is_good_only_for_its_own_session_and_origin(walled_site, store):
+    await store.add_job("j1", delay_s=3600)
+    await store.add_intent("k-1", {"prompt": "x"})
+    async with await psycopg.AsyncConnection.connect(store._url, autocommit=True) as conn:
+        await conn.execute("UPDATE video_intents SET state = 'rejected' "
+                           "WHERE idempotency_key = 'k-1'")
+    before = (await store.get_job("j1"))["next_poll_at"]
+    alice, mallory = await signed_in_session(walled_site), await signed_in_session(walled_site)
+    try:
+        tokens = {}
+        for name, http in (("alice", alice), ("mallory", mallory)):
+            async with http.get(walled_site + "/jobs/view?id=j1") as resp:
+                match = re.search(r'name="csrf" value="([0-9a-f]+)"', await resp.text())
+                assert resp.status == 200 and match
+                tokens[name] = match.group(1)
+        assert tokens["alice"] != tokens["mallory"]  # one per session
+
+        async def post(http: aiohttp.ClientSession, path: str, form: dict[str, str],
+                       **headers: str) -> int:
+            async with http.post(walled_site + path, data=form, headers=headers,
+                                 allow_redirects=False) as resp:
+                return resp.status
+
+        action = {"id": "j1", "action": "poll_now"}
+        retry = {"key": "k-1"}
+        for path, form in (("/jobs/action", action), ("/intents/retry", retry)):
+            assert await post(alice, path, form) == 403, path  # no CSRF token
+            assert await post(alice, path, {**form, "csrf": tokens["mallory"]}) == 403, path
+            assert await post(alice, path, {**form, "csrf": tokens["alice"]},
+                              Origin="https://evil.example") == 403, path  # cross-origin
+            # a page of another origin cannot even present the session (SameSite=Strict),
+            # and without the cookie the token is nothing: still refused
+            async with aiohttp.ClientSession() as stranger:
+                assert await post(stranger, path, {**form, "csrf": tokens["alice"]}) == 401
+        assert (await store.get_job("j1"))["next_poll_at"] == before  # nothing changed
+        intent = await store.get_intent("k-1")
+        assert intent is not None and intent.state == "rejected"
+        # the genuine form works, so the refusals above are about the token and origin
+        host = walled_site.removeprefix("http://")
+        assert await post(alice, "/jobs/action", {**action, "csrf": tokens["alice"]},
+                          Origin=f"http://{host}") == 303
+        assert (await store.get_job("j1"))["next_poll_at"] < before
+    finally:
+        await alice.close()
+        await mallory.close()
+
+
+async def test_missing_or_wrong_tokens_never_open_a_page(walled_site):
+    for headers in ({}, {"Authorization": "Bearer "}, {"Authorization": f"Bearer {TOKEN}x"},
+                    {"Authorization": f"Bearer {TOKEN[:-1]}"}, {"Authorization": TOKEN},
+                    {"Cookie": f"vidpoll_session={TOKEN}"},
+                    {"Cookie": "vidpoll_session=1.2.3"}):
+        for path in ("/", "/jobs", "/jobs/view?id=x", "/intents"):
+            status, html, _ = await get(walled_site + path, headers=headers)
+            assert status == 303, (headers, path)  # to the login form
+            assert "csrf" not in html
