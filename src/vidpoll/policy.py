@@ -220,14 +220,17 @@ def _reject_constant(name: str) -> None:
 def _json_object(body: bytes) -> dict[str, Any] | None:
     """The body as a JSON object that PostgreSQL can store, else None.
 
-    Python's json accepts NaN/Infinity, "\\u0000" and lone surrogates; jsonb and text refuse
-    them, so such a body counts as malformed instead of failing the batch write.
+    Python's json accepts NaN/Infinity, numbers it turns into inf (1e400), "\\u0000" and lone
+    surrogates; jsonb and text refuse them, so such a body counts as malformed instead of
+    failing the batch write.
     """
     try:
         value = json.loads(body, parse_constant=_reject_constant)
         if not isinstance(value, dict):
             return None
-        text = json.dumps(value, ensure_ascii=False)
+        # allow_nan=False: a number past a double's range (1e400) parses as inf, which no
+        # JSON writer accepts; such a body would fail the whole batch's write, every time
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
         text.encode("utf-8")  # raises UnicodeEncodeError on a lone surrogate
         if "\\u0000" in text:  # json escapes NUL like this even with ensure_ascii=False
             return None

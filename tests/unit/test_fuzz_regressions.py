@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import random
+import uuid
+from datetime import UTC, datetime
+
 import pytest
 
 from vidpoll.errors import InvalidJobId
 from vidpoll.media import job_path_segment
-from vidpoll.policy import validate_job_id
+from vidpoll.models import ClaimedJob, ClaimedResult, ErrorClass, HttpAnswer, Outcome
+from vidpoll.policy import PollPolicy, decide, decide_result, validate_job_id
 
 
 @pytest.mark.parametrize("job_id", ["\ud800", "a\udfffb", "\udc00\ud800"])
@@ -26,3 +32,27 @@ def test_the_job_id_limit_counts_utf8_bytes_so_its_url_fits_a_request_line() -> 
     with pytest.raises(InvalidJobId, match="1025 bytes"):
         validate_job_id("a" * 1025)
     assert len(job_path_segment("日" * 341)) <= 3 * 1024
+
+
+JOB = ClaimedJob("j", uuid.UUID(int=1), datetime(2026, 1, 1, tzinfo=UTC),
+                 datetime(2026, 1, 1, tzinfo=UTC), 0, 0, 0)
+AT = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", "1.5e308"])
+def test_a_number_past_a_doubles_range_makes_the_body_malformed_not_unwritable(
+        number: str) -> None:
+    # found by raw='{"": 1e400}': json.loads made it inf, the outcome kept the body, and
+    # store.record's json.dumps(allow_nan=False) raised: the batch was dropped on every read
+    body = f'{{"terminal": true, "sume_status": "completed", "x": {number}}}'.encode()
+    if number == "1.5e308":  # still a finite double: a normal answer
+        outcome = decide(JOB, HttpAnswer(200, body), AT, PollPolicy(), random.Random(1))
+        assert isinstance(outcome, Outcome) and outcome.state == "completed"
+        return
+    outcome = decide(JOB, HttpAnswer(200, body), AT, PollPolicy(), random.Random(1))
+    assert isinstance(outcome, Outcome)
+    assert outcome.error_class is ErrorClass.MALFORMED and outcome.body is None
+    json.dumps(outcome.body, allow_nan=False)  # what store.record does with it
+    result = decide_result(ClaimedResult("j", uuid.UUID(int=2), 1), HttpAnswer(200, body), AT,
+                           PollPolicy(), random.Random(1))
+    assert result.state == "pending" and result.result is None
