@@ -226,7 +226,7 @@ class Vidpoll:
                 downloader = await stack.enter_async_context(
                     Downloader(download_dir, max_connections=concurrency))
             deliverer = Deliverer(self.store, config, downloader)
-            deliverer.producers_done.set()  # the pollers run elsewhere
+            deliverer.producers_finished()  # the pollers run elsewhere
             await deliverer.prepare()  # registered before the block runs: no job slips by
             task = asyncio.create_task(deliverer.run())
             deliverer.task = task

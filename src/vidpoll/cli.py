@@ -278,7 +278,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                 async def produce() -> None:
                     await asyncio.gather(*(p.run() for p in parts))
                     if deliverer is not None:
-                        deliverer.producers_done.set()
+                        deliverer.producers_finished()
 
                 if metrics_port is not None:
                     from vidpoll.web import metrics_app, start_server

@@ -197,6 +197,12 @@ class Deliverer(Runner):
                          "one", consumer)
         self._prepared = True
 
+    def producers_finished(self) -> None:
+        """No poller in this process will finish more jobs: a drain may end once nothing is
+        left to deliver (wakes the loop, which may be sleeping until its next check)."""
+        self.producers_done.set()
+        self._wake.set()
+
     async def drained(self) -> None:
         """Wait until run() returned (with drain: nothing left to deliver now); re-raises
         what ended it."""

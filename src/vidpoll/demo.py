@@ -135,7 +135,7 @@ async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
 
             async def polled() -> None:  # the downloads' drain may end only after this
                 await asyncio.gather(*polling)
-                deliverer.producers_done.set()
+                deliverer.producers_finished()
 
             tasks = [*polling, asyncio.create_task(deliverer.run()),
                      asyncio.create_task(polled())]

@@ -99,9 +99,18 @@ async def test_a_job_that_ended_before_the_hook_existed_gets_no_delivery(store, 
     ran: list[str] = []
     deliverer = make_deliverer(store, {"app:done": lambda job: ran.append(job.job_id)},
                                drain=True)
-    deliverer.producers_done.set()
+    deliverer.producers_finished()
     await asyncio.wait_for(deliverer.run(), 10)
     assert ran == [] and await store.job_deliveries("old") == []
+
+
+async def test_a_drain_ends_as_soon_as_the_pollers_are_done(store):
+    # asleep with nothing to deliver (up to idle_max_s, 30 s) while the pollers still run;
+    # their end must wake it, or `worker --drain` with a hook lingers half a minute
+    deliverer = make_deliverer(store, {"app:done": lambda job: None}, drain=True, listen=False)
+    task = await started(deliverer)
+    deliverer.producers_finished()
+    await asyncio.wait_for(task, 3)
 
 
 async def test_a_hook_that_raises_is_retried_with_backoff_and_eventually_runs(
