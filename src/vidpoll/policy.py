@@ -123,6 +123,16 @@ def validate_key(key: str) -> str:
     return key
 
 
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+"""json's escape of a NUL: \\u0000 after an even number of backslashes (each pair is one
+escaped backslash, so an odd one would make it the literal text `\\u0000`)."""
+
+
+def _has_nul(text: str) -> bool:
+    """Whether JSON text written by json.dumps holds a NUL character (never unescaped)."""
+    return "\\u0000" in text and _NUL_ESCAPE.search(text) is not None
+
+
 def validate_payload(payload: Any) -> dict[str, Any]:
     """`payload` as jsonb will give it back (tuples become lists, keys strings); else raise.
 
@@ -135,7 +145,7 @@ def validate_payload(payload: Any) -> dict[str, Any]:
         text.encode("utf-8")
     except (TypeError, ValueError, UnicodeError, RecursionError) as exc:
         raise InvalidIntent(f"payload is not storable JSON: {exc}") from None
-    if "\\u0000" in text:
+    if _has_nul(text):
         raise InvalidIntent("payload contains a NUL character, which jsonb cannot hold")
     normal: dict[str, Any] = json.loads(text)
     return normal
@@ -232,7 +242,7 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
         # JSON writer accepts; such a body would fail the whole batch's write, every time
         text = json.dumps(value, ensure_ascii=False, allow_nan=False)
         text.encode("utf-8")  # raises UnicodeEncodeError on a lone surrogate
-        if "\\u0000" in text:  # json escapes NUL like this even with ensure_ascii=False
+        if _has_nul(text):
             return None
     except (ValueError, UnicodeError, RecursionError):
         return None

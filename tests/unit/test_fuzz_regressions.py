@@ -9,10 +9,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from vidpoll.errors import InvalidJobId
+from vidpoll.errors import InvalidIntent, InvalidJobId
 from vidpoll.media import job_path_segment
 from vidpoll.models import ClaimedJob, ClaimedResult, ErrorClass, HttpAnswer, Outcome
-from vidpoll.policy import PollPolicy, decide, decide_result, validate_job_id
+from vidpoll.policy import PollPolicy, decide, decide_result, validate_job_id, validate_payload
 
 
 @pytest.mark.parametrize("job_id", ["\ud800", "a\udfffb", "\udc00\ud800"])
@@ -56,3 +56,24 @@ def test_a_number_past_a_doubles_range_makes_the_body_malformed_not_unwritable(
     result = decide_result(ClaimedResult("j", uuid.UUID(int=2), 1), HttpAnswer(200, body), AT,
                            PollPolicy(), random.Random(1))
     assert result.state == "pending" and result.result is None
+
+
+@pytest.mark.parametrize("text", ["\\u0000", "a\\\\u0000", "\\\\\\u0000"])
+def test_the_literal_text_backslash_u0000_is_not_a_nul(text: str) -> None:
+    # found by raw='{"": "\\\\u0000"}' (the six characters \u0000, no NUL): the body counted as
+    # malformed, and a payload holding that text was refused as "contains a NUL character"
+    assert "\x00" not in text
+    body = json.dumps({"terminal": False, "note": text, text: 1}).encode()
+    outcome = decide(JOB, HttpAnswer(200, body), AT, PollPolicy(), random.Random(1))
+    assert isinstance(outcome, Outcome) and outcome.error_class is None
+    assert outcome.body == {"terminal": False, "note": text, text: 1}
+    assert validate_payload({"prompt": text, text: [text]}) == {"prompt": text, text: [text]}
+
+
+@pytest.mark.parametrize("value", ["\x00", "a\\\x00", "\\\\\x00"])
+def test_a_real_nul_is_still_refused_after_any_backslashes(value: str) -> None:
+    body = json.dumps({"terminal": False, "note": value}).encode()
+    outcome = decide(JOB, HttpAnswer(200, body), AT, PollPolicy(), random.Random(1))
+    assert isinstance(outcome, Outcome) and outcome.error_class is ErrorClass.MALFORMED
+    with pytest.raises(InvalidIntent, match="NUL"):
+        validate_payload({"prompt": value})
