@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from vidpoll.media import job_path_segment
+from vidpoll.media import job_path_segment, redact_urls
 from vidpoll.models import ErrorClass, HttpAnswer
 
 DEFAULT_BASE_URL = "https://api.sume.com"
@@ -45,6 +45,7 @@ class SumeClient:
         self.base_url = base_url
         self._base = _normal_base(base_url)  # parsed once: this runs on every read
         self._api_key = api_key
+        self._key_bytes = api_key.encode() if api_key else b""
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._max_connections = max_connections
         self._status_path = status_path
@@ -88,6 +89,9 @@ class SumeClient:
                                 headers={"Idempotency-Key": idempotency_key,
                                          "Content-Type": "application/json"})
 
+    def _scrub(self, body: bytes, status: int) -> bytes:
+        return _scrub_body(body, self._key_bytes, status)
+
     async def _call(self, method: str, url: URL, **kwargs: Any) -> HttpAnswer:
         assert self._session is not None, "use `async with SumeClient(...)`"
         try:
@@ -101,7 +105,8 @@ class SumeClient:
                                       detail=f"body larger than {MAX_BODY_BYTES} bytes")
                 headers = resp.headers
                 return HttpAnswer(
-                    resp.status, body, retry_after=headers.get("Retry-After"),
+                    resp.status, self._scrub(body, resp.status),
+                    retry_after=headers.get("Retry-After"),
                     request_id=headers.get("X-Request-Id"),
                     ratelimit_remaining=(headers.get("RateLimit-Remaining")
                                          or headers.get("X-RateLimit-Remaining")),
@@ -116,6 +121,18 @@ class SumeClient:
         except (aiohttp.ClientError, OSError) as exc:
             return HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
                               detail=f"{type(exc).__name__}: {_short(exc)}")
+
+
+def _scrub_body(body: bytes, api_key: bytes, status: int) -> bytes:
+    """The body as stored and logged downstream: never our own key (a provider or proxy may
+    echo it in an error), and an error's URLs without their query strings (signatures)."""
+    if api_key and api_key in body:
+        body = body.replace(api_key, b"<redacted>")
+    if not 200 <= status < 300 and b"://" in body:
+        # a 2xx body keeps its URLs: a result's signed links are what the download needs
+        body = redact_urls(body.decode("utf-8", "surrogateescape")).encode(
+            "utf-8", "surrogateescape")
+    return body
 
 
 def _short(exc: BaseException) -> str:

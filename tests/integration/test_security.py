@@ -288,12 +288,6 @@ async def test_secrets_never_reach_logs_errors_metrics_pages_or_the_database(
                           for r in dump["video_jobs"]]
     # and the errors were recorded: the grep below looks at real error texts
     assert any("bad_request" in r for r in dump["video_job_events"])
-    # Known gap (test_a_provider_echoing_the_key_is_never_stored, xfail): an error text that
-    # echoes the key is kept in the job's history. Those rows only are left out here, so a
-    # leak anywhere else still fails this test.
-    dump["video_job_events"] = [r for r in dump["video_job_events"]
-                                if not (json.loads(r)["job_id"] in ("leak-400", "leak-500")
-                                        and json.loads(r)["kind"] == "error")]
     assert "the link expired" in captured_logs["text"].getvalue()  # a URL in an error text
 
     places = {"text log": captured_logs["text"].getvalue(),
@@ -309,9 +303,6 @@ async def test_secrets_never_reach_logs_errors_metrics_pages_or_the_database(
         where for where, text in places.items() if "sig=" in text]
 
 
-@pytest.mark.xfail(strict=True, reason="the client keeps a provider's echo of the API key in "
-                   "the answer, and error texts keep URLs whole: needs sume.py to scrub its own "
-                   "key from every body and policy._error_text to pass media.redact_urls")
 async def test_a_provider_echoing_the_key_is_never_stored(store, fake, make_worker, db_url):
     leaky = f"https://cdn.example/v.mp4?sig={LEAK_SIG}"
     fake.add_job("echo", script=[{"http": 400, "code": "bad_request",
