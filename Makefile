@@ -12,7 +12,7 @@ CHROMIUM ?= /usr/bin/chromium
 PGBOUNCER ?= /usr/sbin/pgbouncer
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install demo test lint clean browser bench bench-quick
+.PHONY: install demo test lint clean browser bench bench-quick chaos
 
 install: $(STAMP)
 
@@ -34,6 +34,14 @@ bench: $(BENCH_STAMP)
 
 bench-quick: $(BENCH_STAMP)
 	$(BIN)/python bench/suite.py --quick --out bench/results-quick.jsonl
+
+# Five minutes of faults (kills, pauses past the lease, PostgreSQL crashes, network cuts, every
+# fault of the fake Sume), then the invariants; exits 1 on any violation. A private embedded
+# PostgreSQL, never DATABASE_URL's server. SEED=N replays a run. make test runs 40 s of it.
+SEED ?= 1
+CHAOS_SECONDS ?= 300
+chaos: install
+	$(BIN)/python -m tests.chaos.harness --duration $(CHAOS_SECONDS) --seed $(SEED)
 
 demo: install
 	$(BIN)/vidpoll --log-level warning demo

@@ -150,6 +150,8 @@ class FakeSume:
         """Signature -> expiry (monotonic) of every media link handed out."""
         self.media_log: list[tuple[str, int, str | None, str | None]] = []
         """(job id, HTTP status, Range header, Authorization header) of every media GET."""
+        self.faults: Counter[str] = Counter()
+        """Faults injected by the configured rates, by class (chaos runs report them)."""
 
     # -- test helpers -------------------------------------------------------------------
     def add_job(self, job_id: str | None = None, *, outcome: str | None = None,
@@ -319,6 +321,8 @@ class FakeSume:
         if refused is not None:
             return refused
         fault = self._create_fault(key)
+        if fault:
+            self.faults["create_" + fault] += 1
         if fault == "5xx":
             return self._error(500, "internal_error", "something broke")
         if fault == "429":
@@ -412,12 +416,14 @@ class FakeSume:
             step = job.script.pop(0) if len(job.script) > 1 else job.script[0]
             return await self._scripted(job, step)
         if time.monotonic() - job.created < cfg.not_found_for_s:
+            self.faults["404_new"] += 1
             return self._error(404, "not_found", "no such job")
         roll = self.rng.random()
         for rate, fault in ((cfg.hang, "hang"), (cfg.fail_5xx, "5xx"), (cfg.rate_429, "429"),
                             (cfg.unavailable_503, "503"), (cfg.malformed, "malformed"),
                             (cfg.html, "html")):
             if roll < rate:
+                self.faults[fault] += 1
                 return await self._fault(fault)
             roll -= rate
         return self._answer(job)

