@@ -77,3 +77,14 @@ def test_a_real_nul_is_still_refused_after_any_backslashes(value: str) -> None:
     assert isinstance(outcome, Outcome) and outcome.error_class is ErrorClass.MALFORMED
     with pytest.raises(InvalidIntent, match="NUL"):
         validate_payload({"prompt": value})
+
+
+@pytest.mark.parametrize(("value", "stored"), [(1e300, 10**300), (1.5e16, 15 * 10**15),
+                                               (-2e22, -2 * 10**22), (1e-300, 1e-300),
+                                               (123.0, 123.0), (0.1, 0.1)])
+def test_a_payload_float_is_normalised_the_way_jsonb_gives_it_back(value: float,
+                                                                   stored: float) -> None:
+    # found by payload={'prompt': 'x', 'f': 1e300}: jsonb returns it as 1000...0 (an int),
+    # so re-adding the very same request raised KeyConflict
+    normal = validate_payload({"prompt": "x", "f": value})
+    assert normal["f"] == stored and type(normal["f"]) is type(stored)
