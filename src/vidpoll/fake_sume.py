@@ -217,10 +217,13 @@ class FakeSume:
     def app(self) -> web.Application:
         """The aiohttp application serving the fake."""
         app = web.Application()
+        # [^/]+: aiohttp's default pattern leaves out braces, and a job id may hold any
+        # character (it arrives percent-encoded as one segment)
+        any_id = "{job_id:[^/]+}"
         app.router.add_post("/v1/videos", self.create)
-        app.router.add_get("/v1/jobs/{job_id}/status", self.status)
-        app.router.add_get("/v1/jobs/{job_id}/result", self.result)
-        app.router.add_get("/media/{job_id}/video.mp4", self.media)
+        app.router.add_get(f"/v1/jobs/{any_id}/status", self.status)
+        app.router.add_get(f"/v1/jobs/{any_id}/result", self.result)
+        app.router.add_get(f"/media/{any_id}/video.mp4", self.media)
         app.router.add_get("/_fake/stats", self.stats_view)
         app.router.add_post("/_fake/config", self.config_view)
         return app

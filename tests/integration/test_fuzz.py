@@ -397,21 +397,12 @@ class Running:
 
 
 class FuzzFake(FakeSume):
-    """The fake with two abilities it lacks (reported on issue 8, to move into fake_sume):
-    ids with any character in its routes (aiohttp's default `{job_id}` pattern is `[^{}/]+`,
-    so an id with a brace got the router's bare 404), and per-job scripted result answers."""
+    """The fake with per-job scripted result answers (raw status, body and headers)."""
 
     def __init__(self, config: FakeConfig) -> None:
         super().__init__(config)
         self.result_script: dict[str, dict[str, Any]] = {}
         self.result_reads: dict[str, int] = {}
-
-    def app(self) -> web.Application:
-        app = super().app()
-        any_id = "{job_id:[^/]+}"
-        app.router.add_get(f"/v1/jobs/{any_id}/status", self.status)
-        app.router.add_get(f"/v1/jobs/{any_id}/result", self.result)
-        return app
 
     async def result(self, request: web.Request) -> web.Response:
         job_id = request.match_info["job_id"]
@@ -658,9 +649,6 @@ async def test_any_job_id_is_refused_clearly_or_polled_to_the_end(
     assert problems.seen == []
 
 
-@pytest.mark.xfail(strict=True, reason="fake_sume routes `{job_id}`, whose default pattern "
-                   "[^{}/]+ refuses an id with a brace (reported on issue 8); FuzzFake works "
-                   "around it. When this passes, the fake is fixed: drop FuzzFake.app.")
 async def test_the_plain_fake_serves_an_id_with_a_brace(store, fake, fake_url, client):
     fake.add_job("{x}", script=[{"sume_status": "completed", "terminal": True}])
     answer = await client.read_status("{x}")
