@@ -33,6 +33,7 @@ import re
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
@@ -158,9 +159,23 @@ class Figures:
     examples: dict[str, list[str]] = field(default_factory=dict)
 
 
+class Conn:
+    """One client connection through the proxy; `pid` is filled in once looked up."""
+
+    __slots__ = ("pid",)
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+
+
 class ChaosProxy:
     """A TCP proxy in front of the fake Sume that can cut the network and tells which worker
-    process sent each status read (the client's port, looked up once per connection)."""
+    process sent each status read.
+
+    It runs its own event loop in its own thread, and looks processes up off that loop: a
+    proxy that stalls holds requests back past the client's timeout and then delivers them
+    late, which would look like reads sent early.
+    """
 
     REQUEST = re.compile(rb"(GET|POST) (/v1/[^ ]+) HTTP/1\.[01]\r\n")
 
@@ -168,36 +183,61 @@ class ChaosProxy:
         self.upstream_port = upstream_port
         self.pids = pids
         self.mode = "open"
-        self.reads: list[tuple[float, int | None, str]] = []
+        self.log: list[tuple[float, Conn, str]] = []
+        self._ports: dict[int, int] = {}
         self._links: set[asyncio.StreamWriter] = set()
         self._held: set[asyncio.StreamWriter] = set()
-        self.server: asyncio.Server | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="chaos-proxy",
+                                        daemon=True)
+        self._server: asyncio.Server | None = None
 
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        port = self.server.sockets[0].getsockname()[1]
+    @property
+    def reads(self) -> list[tuple[float, int | None, str]]:
+        """(time, worker pid or None, job id segment) of every status read passed on."""
+        return [(t, conn.pid, job) for t, conn, job in self.log]
+
+    def start(self) -> str:
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._accept, "127.0.0.1", 0), self._loop).result()
+        port = self._server.sockets[0].getsockname()[1]
         return f"http://127.0.0.1:{port}"
 
     def cut(self, mode: str) -> None:
         """'reset': every connection dies now and new ones are refused at once; 'blackhole':
         connections die now and new ones hang unanswered (the client's timeout fires)."""
-        self.mode = mode
-        for writer in list(self._links):
-            writer.transport.abort()
+        self._loop.call_soon_threadsafe(self._cut, mode)
 
     def heal(self) -> None:
-        self.mode = "open"
-        for writer in list(self._held):
+        self._loop.call_soon_threadsafe(self._cut, "open")
+
+    def close(self) -> None:
+        if not self._thread.is_alive():
+            return
+
+        async def shut() -> None:
+            self._cut("open")
+            if self._server is not None:
+                self._server.close()
+
+        asyncio.run_coroutine_threadsafe(shut(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def _cut(self, mode: str) -> None:
+        self.mode = mode
+        for writer in [*self._links, *self._held]:
             writer.transport.abort()
         self._held.clear()
 
     def _pid_of(self, port: int) -> int | None:
-        for pid in list(self.pids):
+        """Which worker owns the client end `port` (one system-wide scan per miss)."""
+        if port not in self._ports:
             with contextlib.suppress(psutil.Error):
-                for conn in psutil.Process(pid).net_connections(kind="tcp"):
-                    if conn.laddr and conn.laddr.port == port:
-                        return pid
-        return None
+                self._ports = {c.laddr.port: c.pid for c in psutil.net_connections("tcp")
+                               if c.pid in self.pids and c.laddr}
+        return self._ports.get(port)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.mode == "reset":
@@ -206,7 +246,10 @@ class ChaosProxy:
         if self.mode == "blackhole":
             self._held.add(writer)
             return
-        pid = self._pid_of(writer.get_extra_info("peername")[1])
+        conn = Conn()
+        lookup = self._loop.run_in_executor(None, self._pid_of,
+                                            writer.get_extra_info("peername")[1])
+        lookup.add_done_callback(lambda f: setattr(conn, "pid", f.result()))
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1",
                                                                  self.upstream_port)
@@ -215,25 +258,25 @@ class ChaosProxy:
             return
         self._links.update((writer, up_writer))
         try:
-            await asyncio.gather(self._pipe(reader, up_writer, pid, sniff=True),
-                                 self._pipe(up_reader, writer, None, sniff=False))
+            await asyncio.gather(self._pipe(reader, up_writer, conn),
+                                 self._pipe(up_reader, writer, None))
         finally:
             for w in (writer, up_writer):
                 self._links.discard(w)
                 w.transport.abort()
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    pid: int | None, sniff: bool) -> None:
+                    conn: Conn | None) -> None:
         tail = b""
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await reader.read(65536):
-                if sniff:  # note each status read as it passes (a request line may be split)
+                if conn is not None:  # note each status read as it passes (lines may split)
                     joined = tail + data
                     for m in self.REQUEST.finditer(joined):
                         path = m.group(2).decode()
                         if m.end() > len(tail) and path.endswith("/status"):
                             job = path.removeprefix("/v1/jobs/").removesuffix("/status")
-                            self.reads.append((time.time(), pid, job))
+                            self.log.append((time.time(), conn, job))
                     tail = joined[-300:]
                 writer.write(data)
                 await writer.drain()
@@ -435,7 +478,7 @@ async def run(cfg: ChaosConfig, work: Path) -> Figures:
                    VIDPOLL_NOT_FOUND_MAX_TRIES="30")
         fleet = Fleet(env, work, rng)
         proxy = ChaosProxy(int(fake_base.rsplit(":", 1)[1]), fleet.pids)
-        env["SUME_BASE_URL"] = await proxy.start()
+        env["SUME_BASE_URL"] = proxy.start()
         for _ in range(cfg.workers):
             await fleet.spawn()
         started = time.monotonic()
@@ -468,9 +511,8 @@ async def run(cfg: ChaosConfig, work: Path) -> Figures:
     finally:
         if fleet is not None:
             await fleet.stop_all()
-        if proxy is not None and proxy.server is not None:
-            proxy.heal()
-            proxy.server.close()
+        if proxy is not None:
+            proxy.close()
         await runner.cleanup()
         await asyncio.to_thread(server.close)
     return figures
@@ -599,9 +641,10 @@ def _check(url: str, fake: FakeSume, proxy: ChaosProxy, fleet: Fleet, keys: list
     audit_rows = [AuditRow(*row) for row in audit]
     _violation(figures, "stale_writes_accepted", stale_writes(audit_rows))
     _violation(figures, "due_sooner_than_hint", short_hints(audit_rows))
-    figures.reads_seen_by_proxy = len(proxy.reads)
-    figures.reads_attributed_to_a_worker = sum(1 for _, pid, _ in proxy.reads if pid)
-    excused, early = early_reads(proxy.reads, audit_rows, fleet.pause_log,
+    reads = proxy.reads
+    figures.reads_seen_by_proxy = len(reads)
+    figures.reads_attributed_to_a_worker = sum(1 for _, pid, _ in reads if pid)
+    excused, early = early_reads(reads, audit_rows, fleet.pause_log,
                                  cfg.lease_s + cfg.http_timeout_s)
     figures.early_reads_after_own_pause = excused
     _violation(figures, "early_reads", early)
