@@ -180,15 +180,19 @@ async def test_seed_loop_keeps_working_through_migrate_and_beside_vidpoll(
     assert len(seed.finished) + worker.stats.finished == 120
 
 
+def other_sessions(db_url: str) -> set[str]:
+    """application_name of every other connection to this test's database."""
+    with psycopg.connect(db_url) as conn:
+        return {r[0] for r in conn.execute(
+            "SELECT application_name FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()")}
+
+
 async def test_every_connection_of_a_store_carries_its_application_name(db_url):
     store = await PgStore.open(db_url, application_name="vidpoll host:1:abcdef")
     try:
         await store.counts()
-        with psycopg.connect(db_url) as conn:
-            names = {r[0] for r in conn.execute(
-                "SELECT application_name FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()")}
-        assert names == {"vidpoll host:1:abcdef"}
+        assert other_sessions(db_url) == {"vidpoll host:1:abcdef"}
     finally:
         await store.close()
 
@@ -198,10 +202,6 @@ async def test_an_application_name_in_the_url_wins(db_url):
     store = await PgStore.open(url, application_name="vidpoll host:1:abcdef" + "x" * 80)
     try:
         await store.counts()
-        with psycopg.connect(db_url) as conn:
-            names = {r[0] for r in conn.execute(
-                "SELECT application_name FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()")}
-        assert names == {"mine"}
+        assert other_sessions(db_url) == {"mine"}
     finally:
         await store.close()
