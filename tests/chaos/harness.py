@@ -615,6 +615,7 @@ def _check(url: str, fake: FakeSume, proxy: ChaosProxy, fleet: Fleet, keys: list
              for k in keys if k in fake.by_key}
     truth.update({j: fake.jobs[j].outcome for j in adopted})
     _violation(figures, "jobs_not_tracked", [j for j in truth if j not in rows])
+    _violation(figures, "rows_unknown_to_sume", [j for j in rows if j not in fake.jobs])
     _violation(figures, "jobs_in_wrong_state",
                [f"{j}: {rows[j][0]} != {s}" for j, s in truth.items()
                 if j in rows and rows[j][0] != s])
