@@ -4,7 +4,7 @@
     ├── ConfigError          a setting is missing or malformed
     ├── DatabaseUnavailable  PostgreSQL cannot be reached (or went away)
     ├── SchemaError          the schema is missing, too old or from a newer vidpoll
-    ├── InvalidJobId         a job id vidpoll cannot store (empty, over 1024 bytes, NUL, lone surrogate)
+    ├── InvalidJobId         a job id vidpoll cannot store (empty, > 1024 bytes, NUL, surrogate)
     ├── InvalidIntent        an idempotency key or payload vidpoll cannot send or store
     ├── KeyConflict          an idempotency key already recorded with another payload
     ├── IntentRejected       Sume refused a submission for good (402, 422, ...)
