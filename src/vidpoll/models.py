@@ -71,6 +71,8 @@ class ClaimedJob:
     account: str = "default"
     late_s: float = 0.0
     """How late the claim was (the database's now minus next_poll_at)."""
+    sent_mono: float = 0.0
+    """time.monotonic() when the lease claim was sent (no later than the lease's start)."""
 
 
 @dataclass(frozen=True, slots=True)

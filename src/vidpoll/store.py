@@ -96,12 +96,12 @@ def _q(name: str) -> LiteralString:
     return QUERIES[name]
 
 
-def _job(row: dict[str, Any]) -> ClaimedJob:
+def _job(row: dict[str, Any], sent_mono: float = 0.0) -> ClaimedJob:
     return ClaimedJob(job_id=row["job_id"], claim_token=row["claim_token"],
                       due_at=row["due_at"], polling_since=row["polling_since"],
                       polls=row["polls"], consecutive_errors=row["consecutive_errors"],
                       not_found_count=row["not_found_count"], account=row["account"],
-                      late_s=float(row["late_s"] or 0.0))
+                      late_s=float(row["late_s"] or 0.0), sent_mono=sent_mono)
 
 
 def _job_view(row: dict[str, Any], state: str, files: Any) -> Job:
@@ -314,11 +314,20 @@ class PgStore:
     async def claim(self, limit: int, lease_s: float, worker_id: str,
                     account: str = DEFAULT_ACCOUNT,
                     now: datetime | None = None) -> list[ClaimedJob]:
-        """Lease mode: claim up to `limit` due rows of `account` and commit at once."""
-        rows = await self._all("claim_due", {"limit": limit, "lease_s": lease_s,
-                                             "worker_id": worker_id, "now": now,
-                                             "account": account})
-        return [_job(r) for r in rows]
+        """Lease mode: claim up to `limit` due rows of `account` and commit at once.
+
+        Each row carries `sent_mono`: time.monotonic() just before the statement left, after
+        any wait for a pooled connection, so it is no later than the lease's start (the
+        statement's now()) and a caller can tell how much of the lease is left.
+        """
+        async with _translate_errors(), self._pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            sent = time.monotonic()
+            await cur.execute(_q("claim_due"), {"limit": limit, "lease_s": lease_s,
+                                                "worker_id": worker_id, "now": now,
+                                                "account": account})
+            rows: list[dict[str, Any]] = await cur.fetchall()
+        return [_job(r, sent) for r in rows]
 
     @asynccontextmanager
     async def lock_batch(self, limit: int, worker_id: str, account: str = DEFAULT_ACCOUNT,

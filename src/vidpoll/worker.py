@@ -11,6 +11,7 @@ import collections
 import contextlib
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -175,7 +176,9 @@ class WorkerConfig:
     instead of reading a row whose lease another worker may hold by then. 0: the lease alone."""
 
     def __post_init__(self) -> None:
-        if (self.claim_mode is ClaimMode.LEASE and self.read_timeout_s > 0
+        # result fetches are leased in either claim mode
+        leased = self.claim_mode is ClaimMode.LEASE or self.fetch_results
+        if (leased and self.read_timeout_s > 0
                 and self.lease_s < self.read_timeout_s + MIN_LEASE_MARGIN_S):
             raise ConfigError(f"the lease ({self.lease_s:g}s) must be longer than the HTTP "
                               f"timeout ({self.read_timeout_s:g}s) by at least "
@@ -211,8 +214,8 @@ class Worker(Runner):
         self._db_down_since: float | None = None
         self._writer_may_exit = False
         self._results_seen: dict[str, bool] = {}
-        # claimed ahead, waiting for a slot: each row with the loop time its claim was sent
-        self._ready: collections.deque[tuple[ClaimedJob, float]] = collections.deque()
+        # claimed ahead, waiting for a slot
+        self._ready: collections.deque[ClaimedJob] = collections.deque()
         self._prefetch = (min(config.batch_size, config.concurrency) // 2
                           if config.claim_mode is ClaimMode.LEASE else 0)
         self._refill_min = max(1, self._prefetch // 2)
@@ -242,7 +245,7 @@ class Worker(Runner):
             self._stopping.set()
             await self._stop_vacuum()
             if self._ready:  # claimed, never read: back with their old due time
-                ready = [job for job, _ in self._ready]
+                ready = list(self._ready)
                 self._ready.clear()
                 with contextlib.suppress(DatabaseUnavailable):  # else their leases end
                     await self.store.release(ready)
@@ -400,8 +403,6 @@ class Worker(Runner):
     async def _claim_some(self, account: str, limit: int, locked_lane: bool) -> int:
         cfg = self.config
         if not locked_lane:
-            # taken before the claim: the lease guard must count any wait inside it
-            claimed_at = asyncio.get_running_loop().time()
             jobs = await self.store.claim(limit, cfg.lease_s, cfg.worker_id, account)
             self._count_claim(len(jobs))
             if self._stopping.is_set():  # stop() arrived during the claim: give them back
@@ -410,9 +411,9 @@ class Worker(Runner):
             for job in jobs:
                 if self._inflight < cfg.concurrency:
                     self._inflight += 1
-                    self._spawn(self._read_leased(job, claimed_at))
+                    self._spawn(self._read_leased(job))
                 else:
-                    self._ready.append((job, claimed_at))  # read as soon as a slot frees
+                    self._ready.append(job)  # read as soon as a slot frees
             return len(jobs)
         claimed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._spawn(self._locked_batch(limit, account, claimed))
@@ -531,32 +532,49 @@ class Worker(Runner):
         self._pauses[account] = (max(pause, seconds), refused or answer.status == 429)
         self._outbox_ready.set()
 
-    async def _read_leased(self, job: ClaimedJob, claimed_at: float) -> None:
+    async def _read_leased(self, job: ClaimedJob) -> None:
         try:
-            cfg = self.config
-            left_s = cfg.lease_s - (asyncio.get_running_loop().time() - claimed_at)
-            if left_s < cfg.read_timeout_s or left_s <= 0:
-                # the lease could end before the answer arrives; another worker may then
-                # read the row at the same moment, earlier than the hint it recorded
-                self.stats.too_late_to_read += 1
-                outcome = None
-            else:
+            outcome = None
+            if self._lease_fits_a_read(job):
                 outcome = await self._read(job)
+                if outcome is None:
+                    self._release.append(job)
         except Exception:
             log.exception("unexpected error reading job %s; its lease will expire", job.job_id)
         else:
-            if outcome is None:
-                self._release.append(job)
-            else:
+            if outcome is not None:
                 self._outbox.append(outcome)
         finally:
             self._inflight -= 1
             if self._ready and not self._stopping.is_set():
                 self._inflight += 1
-                self._spawn(self._read_leased(*self._ready.popleft()))
+                self._spawn(self._read_leased(self._ready.popleft()))
                 if len(self._ready) < self._refill_min:
                     self._wake.set()  # time to claim the next batch
         self._outbox_ready.set()
+
+    def _lease_fits_a_read(self, job: ClaimedJob) -> bool:
+        """Whether one whole read (the HTTP timeout) still fits in the row's lease.
+
+        If not, the lease could end before the answer arrives, and another worker could read
+        the row at the same moment, earlier than the hint it recorded. The row is then left
+        alone: its lease, nearly over, makes it due again (a release would make it due at
+        once, and a worker whose claims keep arriving late would spin on it).
+        """
+        cfg = self.config
+        if not job.sent_mono:
+            return True  # a store that does not stamp its claims: nothing to go by
+        left_s = job.sent_mono + cfg.lease_s - time.monotonic()
+        if left_s > cfg.read_timeout_s:
+            return True
+        self.stats.too_late_to_read += 1
+        if self.stats.too_late_to_read == 1 or self.stats.too_late_to_read % 1000 == 0:
+            log.warning("%d claimed rows had too little lease left for one read (%.1fs left, "
+                        "%gs needed); they are read after their lease ends. Claims arrive "
+                        "late or this worker is starved: a longer --lease-seconds, or fewer "
+                        "rows claimed ahead (--batch-size), helps", self.stats.too_late_to_read,
+                        left_s, cfg.read_timeout_s)
+        return False
 
     async def _locked_batch(self, limit: int, account: str,
                             claimed: asyncio.Future[int]) -> None:

@@ -47,9 +47,10 @@ async def test_a_worker_vacuums_after_its_row_threshold(db_url, store, fake, mak
     # 30 jobs end: 30 claims + 30 records = 60 row versions, a vacuum every 20 at most
     worker = make_worker(vacuum_every_rows=20, concurrency=5, batch_size=5)
     await run_until(worker, lambda: worker.stats.finished == 30 and worker.stats.vacuums >= 1)
-    # every vacuum the worker counts really ran (skips are counted apart)
-    assert await wait_for_count(db_url, before + worker.stats.vacuums) == (
-        before + worker.stats.vacuums)
+    # every vacuum the worker counts really ran (skips are counted apart); one more may have
+    # finished on the server as the stop cancelled it, before the worker could count it
+    counted = before + worker.stats.vacuums
+    assert counted <= await wait_for_count(db_url, counted) <= counted + 1
 
 
 async def test_a_vacuum_steps_aside_while_another_holds_the_table(db_url, store):

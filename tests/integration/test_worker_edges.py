@@ -4,6 +4,7 @@ raises, redirects never followed."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -123,7 +124,7 @@ async def test_rows_claimed_ahead_of_free_slots_are_read_once_and_given_back_on_
         # four reads in flight, two rows claimed ahead: stable until the reads time out
         await wait_for(lambda: sum(fake.in_flight.values()) == 4 and len(worker._ready) == 2,
                        10, "four reads in flight and two rows ready")
-        ahead = [job.job_id for job, _ in worker._ready]
+        ahead = [job.job_id for job in worker._ready]
     finally:
         worker.stop()
         await asyncio.wait_for(task, 10)
@@ -145,16 +146,23 @@ class StalledClaims(GatedClaims):
         super().__init__(inner)
         self.stall_s = stall_s
         self.stalls = 0
+        self.claims: list[tuple[float, list[str]]] = []
+        self.released: list[str] = []
+
+    async def release(self, jobs: Any) -> Any:
+        self.released += [j.job_id for j in jobs]
+        return await self.inner.release(jobs)
 
     async def claim(self, *args: Any, **kwargs: Any) -> Any:
         jobs = await self.inner.claim(*args, **kwargs)
+        self.claims.append((time.monotonic(), [j.job_id for j in jobs]))
         if jobs and not self.stalls:
             self.stalls += 1
             await asyncio.sleep(self.stall_s)  # a pause, GC or CPU starvation
         return jobs
 
 
-async def test_a_row_whose_lease_is_too_short_for_one_read_is_given_back_unread(
+async def test_a_row_whose_lease_is_too_short_for_one_read_is_left_unread(
         store, fake, client):
     # lease 2 s, read timeout 1 s, and the claim's answer arrives 1.5 s late: a read started
     # now could end after the lease, when another worker may already read the row
@@ -167,10 +175,17 @@ async def test_a_row_whose_lease_is_too_short_for_one_read_is_given_back_unread(
     assert worker.stats.too_late_to_read == 1
     assert fake.reads["late"] == 1  # read once: on the second claim, not the stalled one
     assert (await store.get_job("late"))["state"] == "completed"
+    # left to its lease, not released (a release makes it due at once: a spin if every
+    # claim arrives late): claimed again only once the first lease had ended
+    assert stalled.released == []
+    first, second = [at for at, ids in stalled.claims if "late" in ids][:2]
+    assert second - first >= 2.0 - 0.05
 
 
 def test_a_lease_shorter_than_one_read_is_refused():
     with pytest.raises(ConfigError, match="longer than the HTTP timeout"):
         WorkerConfig(lease_s=10, read_timeout_s=15)
-    WorkerConfig(lease_s=10, read_timeout_s=15, claim_mode=ClaimMode.LOCK)  # no lease to outlive
+    with pytest.raises(ConfigError):  # lock mode still leases its result fetches
+        WorkerConfig(lease_s=10, read_timeout_s=15, claim_mode=ClaimMode.LOCK)
+    WorkerConfig(lease_s=10, read_timeout_s=15, claim_mode=ClaimMode.LOCK, fetch_results=False)
     WorkerConfig(lease_s=16, read_timeout_s=15)
