@@ -125,14 +125,39 @@ class SumeClient:
 
 def _scrub_body(body: bytes, api_key: bytes, status: int) -> bytes:
     """The body as stored and logged downstream: never our own key (a provider or proxy may
-    echo it in an error), and an error's URLs without their query strings (signatures)."""
-    if api_key and api_key in body:
-        body = body.replace(api_key, b"<redacted>")
-    if not 200 <= status < 300 and b"://" in body:
-        # a 2xx body keeps its URLs: a result's signed links are what the download needs
-        body = redact_urls(body.decode("utf-8", "surrogateescape")).encode(
-            "utf-8", "surrogateescape")
-    return body
+    echo it in an error), and an error's URLs without their query strings (signatures).
+
+    A JSON body is scrubbed value by value and written again, so it stays valid JSON (a text
+    substitution could eat an escaped quote); other bodies as text. A 2xx body keeps its
+    URLs: a result's signed links are what the download needs. An answer with nothing to
+    scrub is returned as it came.
+    """
+    has_key = bool(api_key) and api_key in body
+    urls = not 200 <= status < 300 and b":" in body and (b"://" in body or b":\\/\\/" in body)
+    if not (has_key or urls):
+        return body
+    key = api_key.decode()
+
+    def scrub(text: str) -> str:
+        if key:
+            text = text.replace(key, "<redacted>")
+        return redact_urls(text) if urls and "://" in text else text
+
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return scrub(body.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+    return json.dumps(_scrub_json(value, scrub)).encode()
+
+
+def _scrub_json(value: Any, scrub: Any) -> Any:
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {scrub(k): _scrub_json(v, scrub) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub_json(v, scrub) for v in value]
+    return value
 
 
 def _short(exc: BaseException) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import re
 from datetime import UTC, datetime, timedelta
@@ -380,3 +381,28 @@ def test_query_loader_splits_on_name_markers(tmp_path: Path,
         "-- header comment\n-- name: first\n-- why\nselect 1;\n\n-- name: second\nselect 2\n")
     fake_package(monkeypatch, tmp_path)
     assert vidpoll.sql._load_queries() == {"first": "-- why\nselect 1", "second": "select 2"}
+
+
+def test_an_echoed_key_and_signed_urls_are_scrubbed_and_the_json_stays_valid() -> None:
+    from vidpoll.sume import _scrub_body
+
+    key = b"sk-live-0123456789"
+    message = 'image_url "https://b/x.png?X-Amz-Signature=a" unreachable; key sk-live-0123456789'
+    body = json.dumps({"error": {"code": "invalid_request", "message": message},
+                       "request_id": "req_1"}).encode()
+    scrubbed = json.loads(_scrub_body(body, key, 422))
+    assert scrubbed["error"]["code"] == "invalid_request"  # still Sume's envelope: final
+    assert scrubbed["error"]["message"] == (
+        'image_url "https://b/x.png" unreachable; key <redacted>')
+    # escaped slashes, as some JSON encoders write them, are URLs too
+    escaped = b'{"error": {"message": "see https:\\/\\/cdn\\/v.mp4?sig=abc"}}'
+    assert b"sig=" not in _scrub_body(escaped, key, 500)
+    # a 2xx keeps its signed links (the download needs them); an answer with nothing to
+    # scrub comes back byte for byte
+    result = b'{"videos": [{"url": "https://cdn/v.mp4?sig=abc"}]}'
+    assert _scrub_body(result, key, 200) is result
+    assert _scrub_body(b"<html>sk-live-0123456789 https://x/?sig=1</html>", key, 502) == (
+        b"<html><redacted> https://x/</html>")
+    # what the policy must still refuse stays refusable (a lone surrogate stays escaped)
+    odd = b'{"message": "\\ud800 https://x/?sig=1"}'
+    assert _scrub_body(odd, key, 400) == b'{"message": "\\ud800 https://x/"}'
