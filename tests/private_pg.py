@@ -49,6 +49,9 @@ class PrivateServer:
                bin_path=self.server.bin_path, user=self.server.system_user)
 
     def close(self) -> None:
-        """Stop the server and remove its directory."""
-        self.pg_ctl("stop", "-m", "immediate")
-        shutil.rmtree(self.home, ignore_errors=True)
+        """Stop the server (if it is up) and remove its directory."""
+        try:
+            if (Path(self.server.pgdata) / "postmaster.pid").exists():
+                self.pg_ctl("stop", "-m", "immediate")
+        finally:
+            shutil.rmtree(self.home, ignore_errors=True)

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
 import os
 import random
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -83,6 +85,8 @@ BEGIN
     k := 'record';
   ELSIF OLD.claim_token IS NOT NULL AND NEW.claim_token IS NULL THEN
     k := 'release';
+  ELSIF NEW.updated_at IS DISTINCT FROM OLD.updated_at THEN
+    k := 'unfenced';  -- an outcome written to a row nobody had claimed
   ELSE
     RETURN NULL;  -- result fetches and bookkeeping: not claims of the status row
   END IF;
@@ -147,7 +151,10 @@ class Figures:
     reads_seen_by_proxy: int = 0
     reads_attributed_to_a_worker: int = 0
     writes_fenced_out: int = 0
+    error_lines_in_logs: int = 0
     """Outcome writes refused because the claim was stale (from the workers' logs)."""
+    overlapping_posts_of_one_key: int = 0
+    """Two POSTs of one key in flight at once (Sume answers both with one job; counted)."""
     hook_calls: int = 0
     hooks_run_more_than_once: int = 0
     early_reads_after_own_pause: int = 0
@@ -188,6 +195,8 @@ class ChaosProxy:
         self._links: set[asyncio.StreamWriter] = set()
         self._held: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
+        # one thread for lookups: two scans racing could leave the older one in place
+        self._lookups = concurrent.futures.ThreadPoolExecutor(1, "chaos-proxy-lookup")
         self._thread = threading.Thread(target=self._loop.run_forever, name="chaos-proxy",
                                         daemon=True)
         self._server: asyncio.Server | None = None
@@ -213,17 +222,17 @@ class ChaosProxy:
         self._loop.call_soon_threadsafe(self._cut, "open")
 
     def close(self) -> None:
-        if not self._thread.is_alive():
-            return
+        if self._thread.is_alive():
+            async def shut() -> None:
+                self._cut("open")
+                if self._server is not None:
+                    self._server.close()
 
-        async def shut() -> None:
-            self._cut("open")
-            if self._server is not None:
-                self._server.close()
-
-        asyncio.run_coroutine_threadsafe(shut(), self._loop).result()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+            asyncio.run_coroutine_threadsafe(shut(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        self._lookups.shutdown(wait=True, cancel_futures=True)
+        self._loop.close()
 
     def _cut(self, mode: str) -> None:
         self.mode = mode
@@ -235,8 +244,8 @@ class ChaosProxy:
         """Which worker owns the client end `port` (one system-wide scan per miss)."""
         if port not in self._ports:
             with contextlib.suppress(psutil.Error):
-                self._ports = {c.laddr.port: c.pid for c in psutil.net_connections("tcp")
-                               if c.pid in self.pids and c.laddr}
+                self._ports.update({c.laddr.port: c.pid for c in psutil.net_connections("tcp")
+                                    if c.pid in self.pids and c.laddr})
         return self._ports.get(port)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -247,7 +256,7 @@ class ChaosProxy:
             self._held.add(writer)
             return
         conn = Conn()
-        lookup = self._loop.run_in_executor(None, self._pid_of,
+        lookup = self._loop.run_in_executor(self._lookups, self._pid_of,
                                             writer.get_extra_info("peername")[1])
         lookup.add_done_callback(lambda f: setattr(conn, "pid", f.result()))
         try:
@@ -455,20 +464,22 @@ def _quiet(fake: FakeSume) -> None:
 
 
 async def run(cfg: ChaosConfig, work: Path) -> Figures:
-    """One chaos run in `work` (logs, hook log); returns its figures."""
+    """One chaos run in `work` (logs, hook log); returns its figures. Whatever fails, every
+    process, the proxy, the fake and the private PostgreSQL are stopped on the way out."""
     rng = random.Random(cfg.seed)
     figures = Figures(cfg.seed, cfg.duration_s, cfg.workers)
-    server = await asyncio.to_thread(PrivateServer)
-    fake = FakeSume(_fake_config(cfg))
-    runner, fake_base = await start_fake(fake)
-    fleet: Fleet | None = None
-    proxy = None
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        server = await asyncio.to_thread(PrivateServer)
+        stack.push_async_callback(asyncio.to_thread, server.close)
+        fake = FakeSume(_fake_config(cfg))
+        runner, fake_base = await start_fake(fake)
+        stack.push_async_callback(runner.cleanup)
         url = server.url()
         await migrate(url)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(AUDIT_SQL)
         store = await PgStore.open(url, timeout_s=2.0)
+        stack.push_async_callback(store.close)
         hook_log = work / "hooks.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SUME_", "VIDPOLL_"))}
         env.update(DATABASE_URL=url, SUME_API_KEY=API_KEY, CHAOS_HOOK_LOG=str(hook_log),
@@ -479,18 +490,23 @@ async def run(cfg: ChaosConfig, work: Path) -> Figures:
         fleet = Fleet(env, work, rng)
         proxy = ChaosProxy(int(fake_base.rsplit(":", 1)[1]), fleet.pids)
         env["SUME_BASE_URL"] = proxy.start()
+        stack.callback(proxy.close)
+        stack.push_async_callback(fleet.stop_all)
         for _ in range(cfg.workers):
             await fleet.spawn()
         started = time.monotonic()
         until = started + cfg.duration_s
         keys: list[str] = []
         adopted: list[str] = []
-        await asyncio.gather(
-            _feed(store, fake, cfg, random.Random(rng.random()), until - cfg.duration_s * 0.15,
-                  keys, adopted),
-            _worker_faults(fleet, cfg, random.Random(rng.random()), until, figures),
-            _pg_faults(server, cfg, random.Random(rng.random()), started, figures),
-            _net_faults(proxy, cfg, random.Random(rng.random()), until, figures))
+        async with asyncio.TaskGroup() as storm:  # one failing cancels the others
+            storm.create_task(_feed(store, fake, cfg, random.Random(rng.random()),
+                                    until - cfg.duration_s * 0.15, keys, adopted))
+            storm.create_task(_worker_faults(fleet, cfg, random.Random(rng.random()), until,
+                                             figures))
+            storm.create_task(_pg_faults(server, cfg, random.Random(rng.random()), started,
+                                         figures))
+            storm.create_task(_net_faults(proxy, cfg, random.Random(rng.random()), until,
+                                          figures))
         # the storm is over: faults off, the chaos fleet stops, two workers drain the rest
         proxy.heal()
         _quiet(fake)
@@ -504,17 +520,9 @@ async def run(cfg: ChaosConfig, work: Path) -> Figures:
             figures.violations["drain_did_not_finish"] = 1
             await fleet.stop_all()
         figures.drain_s = round(time.monotonic() - drain_started, 1)
-        await store.close()
         figures.intents, figures.adopted_jobs = len(keys), len(adopted)
         await asyncio.to_thread(_check, url, fake, proxy, fleet, keys, adopted, hook_log,
                                 work, cfg, figures)
-    finally:
-        if fleet is not None:
-            await fleet.stop_all()
-        if proxy is not None:
-            proxy.close()
-        await runner.cleanup()
-        await asyncio.to_thread(server.close)
     return figures
 
 
@@ -540,10 +548,11 @@ class AuditRow(NamedTuple):
 
 
 def stale_writes(audit: list[AuditRow]) -> list[str]:
-    """Records and releases not made by the process holding the claim they consumed."""
+    """Records and releases not made by the process holding the claim they consumed, and
+    outcomes written to a row that nobody had claimed."""
     return [f"{a.job_id} by {a.app!r}, claim of {a.claimed_by!r}" for a in audit
-            if a.kind in ("record", "release")
-            and a.app != ("vidpoll " + (a.claimed_by or ""))[:63]]
+            if a.kind == "unfenced" or (a.kind in ("record", "release")
+                                        and a.app != ("vidpoll " + (a.claimed_by or ""))[:63])]
 
 
 def short_hints(audit: list[AuditRow]) -> list[str]:
@@ -608,6 +617,11 @@ def _check(url: str, fake: FakeSume, proxy: ChaosProxy, fleet: Fleet, keys: list
     # at most once billing per key, and every key billed (nothing lost before the POST)
     _violation(figures, "keys_billed_twice", [k for k in keys if fake.billed_by_key[k] > 1])
     _violation(figures, "keys_never_billed", [k for k in keys if fake.billed_by_key[k] == 0])
+    # (the fake never bills one key twice; a second clip would come under another key)
+    _violation(figures, "clips_billed_beyond_intents",
+               [f"{fake.billed} clips for {len(keys)} intents"] if fake.billed != len(keys)
+               else [])
+    figures.overlapping_posts_of_one_key = fake.create_overlaps
     _violation(figures, "intents_not_submitted",
                [f"{k}={s}" for k, s in intents.items() if s != "submitted"])
     # every paid job tracked, in the provider's true terminal state
@@ -654,9 +668,11 @@ def _check(url: str, fake: FakeSume, proxy: ChaosProxy, fleet: Fleet, keys: list
     figures.writes_fenced_out = (text.count("another worker owns the row now")
                                  + text.count("another submitter owns it now"))
     _violation(figures, "api_key_in_logs", ["log"] * text.count(API_KEY))
+    errors = [line[:200] for line in text.splitlines() if '"level": "error"' in line]
+    figures.error_lines_in_logs = len(errors)
+    # a traceback (log.exception) is a code path nobody meant to take; an outage is not
     _violation(figures, "tracebacks_in_logs",
-               [line[:200] for line in text.splitlines() if "Traceback" in line
-                and "unexpected error" in line])
+               [line[:200] for line in text.splitlines() if '"exc": ' in line])
 
 
 def main() -> None:
@@ -670,10 +686,14 @@ def main() -> None:
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
     cfg = ChaosConfig(seed=args.seed, duration_s=args.duration, workers=args.workers)
     work = Path(tempfile.mkdtemp(prefix="vidpoll-chaos-"))
-    figures = asyncio.run(run(cfg, work))
+    try:
+        figures = asyncio.run(run(cfg, work))
+    finally:
+        if args.keep:
+            print(f"logs: {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(asdict(figures), indent=2))
-    if args.keep:
-        print(f"logs: {work}", file=sys.stderr)
     sys.exit(1 if any(figures.violations.values()) else 0)
 
 

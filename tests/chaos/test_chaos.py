@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import pytest
 
 from .harness import AuditRow, ChaosConfig, early_reads, run, short_hints, stale_writes
@@ -34,6 +31,9 @@ def test_a_write_by_a_process_not_holding_the_claim_is_caught():
     assert stale_writes([row("record", 1.0, 2.0)]) == []
     assert stale_writes([row("release", 1.0, 2.0, app="vidpoll w:2")]) == [
         "j by 'vidpoll w:2', claim of 'w:1'"]
+    # an outcome written to a row that nobody had claimed (a write with no fence at all)
+    assert stale_writes([row("unfenced", 1.0, 2.0, by=None)]) == [
+        "j by 'vidpoll w:1', claim of None"]
     long_id = "h" * 80
     assert stale_writes([row("record", 1.0, 2.0, by=long_id,
                              app=("vidpoll " + long_id)[:63])]) == []
@@ -46,9 +46,9 @@ def test_a_due_time_sooner_than_the_hint_is_caught():
 
 
 @pytest.mark.slow
-async def test_a_short_chaos_run_loses_nothing():
+async def test_a_short_chaos_run_loses_nothing(tmp_path):
     cfg = ChaosConfig(seed=7, duration_s=40.0)
-    figures = await run(cfg, Path(tempfile.mkdtemp(prefix="vidpoll-chaos-")))
+    figures = await run(cfg, tmp_path)
     assert figures.violations and not any(figures.violations.values()), figures.examples
     # the storm really happened, and the detectors had something to look at
     assert figures.kills >= 3 and figures.pauses >= 1 and figures.pg_restarts == 2
