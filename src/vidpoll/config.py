@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,19 +42,30 @@ def check_base_url(base: str, allow_insecure_http: bool = False) -> str:
 
     Plain http:// sends the API key (and reads answers) in clear text, so it is refused for
     any host but loopback (the fake Sume, the demo and tests) unless explicitly allowed."""
+    shown = re.sub(r"//[^/@]*@", "//<credentials>@", base)  # errors never echo a password
     if not base.startswith(("http://", "https://")):
-        raise ConfigError(f"SUME_BASE_URL={base!r} must start with http:// or https://")
+        raise ConfigError(f"SUME_BASE_URL={shown!r} must start with http:// or https://")
     try:
-        host = urlsplit(base).hostname or ""
+        parts = urlsplit(base)
+        host = parts.hostname or ""
+        parts.port  # noqa: B018  (raises ValueError on a bad port)
     except ValueError:
-        raise ConfigError(f"SUME_BASE_URL={base!r} is not a valid URL") from None
+        raise ConfigError(f"SUME_BASE_URL={shown!r} is not a valid URL") from None
     if not host:
-        raise ConfigError(f"SUME_BASE_URL={base!r} has no host")
+        raise ConfigError(f"SUME_BASE_URL={shown!r} has no host")
     if base.startswith("http://") and not loopback_hostname(host) and not allow_insecure_http:
         raise ConfigError(
-            f"SUME_BASE_URL={base!r} is plain http:// to {host!r}, which is not loopback: the "
+            f"SUME_BASE_URL={shown!r} is plain http:// to {host!r}, which is not loopback: the "
             f"API key would cross the network in clear text. Use https://, or set "
             f"{ALLOW_INSECURE_HTTP_VARIABLE}=1 if a trusted network really needs it")
+    # the client sends the key as a Bearer header; credentials in the URL would clash with it
+    # (aiohttp refuses both at once), and a query or fragment would be dropped or misplaced
+    if "@" in parts.netloc:  # not echoed: it may hold a password
+        raise ConfigError("SUME_BASE_URL must not carry credentials (user:password@); the "
+                          "API key goes in SUME_API_KEY")
+    if "\\" in base or parts.query or parts.fragment:
+        raise ConfigError(f"SUME_BASE_URL must be scheme://host[:port][/path], without "
+                          f"backslashes, query or fragment; got {shown!r}")
     return base
 
 

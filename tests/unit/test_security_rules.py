@@ -253,3 +253,15 @@ def test_the_sql_text_check_passes_what_it_should() -> None:
             "WHERE q ILIKE 'LISTEN%%' AND id = %(job_id)s;\n"
             "CREATE TRIGGER x AFTER UPDATE ON t EXECUTE FUNCTION f();")
     assert sql_text_problems("sample", text) == []
+
+
+@pytest.mark.parametrize("url", ["http://u:p4ssw0rd@127.0.0.1:9", "https://user@api.example",
+                                 "http://evil.example\\@localhost/", "https://api.example/?a=1",
+                                 "https://api.example/#frag", "http://localhost:99999"])
+def test_a_base_url_the_client_cannot_use_is_refused_without_echoing_credentials(url):
+    with pytest.raises(ConfigError) as err:
+        check_base_url(url)
+    assert "p4ssw0rd" not in str(err.value)
+    with pytest.raises(ConfigError) as err:  # refused as plain http, still not echoed
+        check_base_url("http://u:p4ssw0rd@evil.example")
+    assert "p4ssw0rd" not in str(err.value)
