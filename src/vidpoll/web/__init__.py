@@ -48,11 +48,11 @@ def make_app(store: PgStore, webhook_secret: str | None,
         if not webhook_secret:
             return web.json_response({"error": "SUME_WEBHOOK_SECRET is not set"}, status=503)
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-            # refused on its header, never read into memory; Connection: close so the server
-            # does not linger reading the rest to reuse the connection. A body without a
-            # length (chunked) is cut off by client_max_size as soon as it passes the limit
+            # refused on its header, never read into memory (aiohttp discards what follows
+            # for at most its lingering time, 10 s); a body without a length (chunked) is cut
+            # off by client_max_size as soon as it passes the limit
             return web.json_response({"error": f"body larger than {MAX_BODY_BYTES} bytes"},
-                                     status=413, headers={"Connection": "close"})
+                                     status=413)
         body = await request.read()
         try:
             verify(webhook_secret, request.headers.get("X-Sume-Timestamp"),
