@@ -163,7 +163,7 @@ class StalledClaims(GatedClaims):
 
 
 async def test_a_row_whose_lease_is_too_short_for_one_read_is_left_unread(
-        store, fake, client):
+        store, fake, client, caplog):
     # lease 2 s, read timeout 1 s, and the claim's answer arrives 1.5 s late: a read started
     # now could end after the lease, when another worker may already read the row
     fake.add_job("late", script=[{"sume_status": "completed", "terminal": True}])
@@ -173,6 +173,7 @@ async def test_a_row_whose_lease_is_too_short_for_one_read_is_left_unread(
         lease_s=2, read_timeout_s=1, listen=False, idle_max_s=0.2))
     await run_until(worker, lambda: worker.stats.finished == 1, within_s=15)
     assert worker.stats.too_late_to_read == 1
+    assert "too little lease left for one read" in caplog.text  # said, not silent
     assert fake.reads["late"] == 1  # read once: on the second claim, not the stalled one
     assert (await store.get_job("late"))["state"] == "completed"
     # left to its lease, not released (a release makes it due at once: a spin if every
