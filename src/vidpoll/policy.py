@@ -78,12 +78,11 @@ def validate_job_id(job_id: str) -> str:
     if "\x00" in job_id:
         raise InvalidJobId("job id contains a NUL byte, which PostgreSQL text cannot hold")
     try:
-        job_id.encode("utf-8")
+        size = len(job_id.encode("utf-8"))
     except UnicodeEncodeError:
         # a lone surrogate (U+D800-U+DFFF): psycopg could not send it, nor a URL carry it
         raise InvalidJobId("job id contains a lone surrogate (U+D800-U+DFFF), which UTF-8 "
                            "cannot encode") from None
-    size = len(job_id.encode("utf-8"))
     if size > MAX_JOB_ID_LEN:
         # bytes, not characters: percent-encoded, 1024 characters of CJK text are a 9 KB path,
         # past the 8 KB request line aiohttp, nginx and most servers accept (the read would

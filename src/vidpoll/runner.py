@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from vidpoll.config import key_variable
-from vidpoll.errors import DatabaseUnavailable
+from vidpoll.errors import ConfigError, DatabaseUnavailable
 from vidpoll.metrics import Minutes
 from vidpoll.models import Notice
 from vidpoll.policy import AuthPause, PollPolicy, auth_pause_delay, backoff_delay
@@ -24,6 +24,15 @@ log = logging.getLogger(__name__)
 
 MIN_LEASE_MARGIN_S = 1.0
 """A lease must outlast the HTTP timeout by at least this much."""
+
+
+def check_lease(lease_s: float, timeout_s: float, call: str) -> None:
+    """Raise ConfigError unless a lease outlasts one HTTP call (`call`: "a read", "a POST")
+    by MIN_LEASE_MARGIN_S: a call that outlives its lease can overlap another worker's."""
+    if lease_s < timeout_s + MIN_LEASE_MARGIN_S:
+        raise ConfigError(f"the lease ({lease_s:g}s) must be longer than the HTTP timeout "
+                          f"({timeout_s:g}s) by at least {MIN_LEASE_MARGIN_S:g}s, or {call} "
+                          f"could outlive its lease")
 
 IDLE_MAX_S = 30.0
 """An idle loop checks the table at least this often even if no NOTIFY arrives."""

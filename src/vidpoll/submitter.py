@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from vidpoll import metrics
 from vidpoll.config import DEFAULT_FIRST_POLL_S, DEFAULT_MAX_ACTIVE
-from vidpoll.errors import ConfigError, DatabaseUnavailable
+from vidpoll.errors import DatabaseUnavailable
 from vidpoll.logs import event
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
@@ -49,9 +49,9 @@ from vidpoll.policy import (
 from vidpoll.runner import (
     DB_BACKOFF_MAX_S,
     IDLE_MAX_S,
-    MIN_LEASE_MARGIN_S,
     MinutesStore,
     Runner,
+    check_lease,
     default_worker_id,
     utc_now,
 )
@@ -127,10 +127,7 @@ class SubmitterConfig:
     """Create budgets by account, shared by the fleet; an account without one is unlimited."""
 
     def __post_init__(self) -> None:
-        if self.lease_s < self.http_timeout_s + MIN_LEASE_MARGIN_S:
-            raise ConfigError(f"the lease ({self.lease_s:g}s) must be longer than the HTTP "
-                              f"timeout ({self.http_timeout_s:g}s) by at least "
-                              f"{MIN_LEASE_MARGIN_S:g}s, or a POST could outlive its lease")
+        check_lease(self.lease_s, self.http_timeout_s, "a POST")
 
 
 @dataclass(slots=True)

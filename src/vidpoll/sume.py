@@ -7,6 +7,7 @@ headers, so the API key cannot leak through it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -150,7 +151,7 @@ def _scrub_body(body: bytes, api_key: bytes, status: int) -> bytes:
     return json.dumps(_scrub_json(value, scrub)).encode()
 
 
-def _scrub_json(value: Any, scrub: Any) -> Any:
+def _scrub_json(value: Any, scrub: Callable[[str], str]) -> Any:
     if isinstance(value, str):
         return scrub(value)
     if isinstance(value, dict):

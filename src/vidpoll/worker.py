@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Protocol
 
 from vidpoll import metrics
-from vidpoll.errors import ConfigError, DatabaseUnavailable
+from vidpoll.errors import DatabaseUnavailable
 from vidpoll.logs import event
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
@@ -48,9 +48,9 @@ from vidpoll.policy import (
 from vidpoll.runner import (
     DB_BACKOFF_MAX_S,
     IDLE_MAX_S,
-    MIN_LEASE_MARGIN_S,
     MinutesStore,
     Runner,
+    check_lease,
     default_worker_id,
     utc_now,
 )
@@ -172,17 +172,14 @@ class WorkerConfig:
     read_timeout_s: float = 0.0
     """How long one status read may take (the HTTP client's timeout). In lease mode a claimed
     row is read only while that much of its lease is left, so a worker that fell behind
-    (paused, starved of CPU, rows waiting in the claimed-ahead buffer) gives the row back
-    instead of reading a row whose lease another worker may hold by then. 0: the lease alone."""
+    (paused, starved of CPU, rows waiting in the claimed-ahead buffer) leaves the row to its
+    lease instead of reading a row that another worker may hold by then. 0: the lease alone."""
 
     def __post_init__(self) -> None:
         # result fetches are leased in either claim mode
         leased = self.claim_mode is ClaimMode.LEASE or self.fetch_results
-        if (leased and self.read_timeout_s > 0
-                and self.lease_s < self.read_timeout_s + MIN_LEASE_MARGIN_S):
-            raise ConfigError(f"the lease ({self.lease_s:g}s) must be longer than the HTTP "
-                              f"timeout ({self.read_timeout_s:g}s) by at least "
-                              f"{MIN_LEASE_MARGIN_S:g}s, or a read could outlive its lease")
+        if leased and self.read_timeout_s > 0:
+            check_lease(self.lease_s, self.read_timeout_s, "a read")
 
 
 class Worker(Runner):
