@@ -403,12 +403,16 @@ def jobs_add(job_ids: tuple[str, ...], delay: float, account: str) -> None:
 @jobs.command("resume")
 @click.argument("job_id")
 def jobs_resume(job_id: str) -> None:
-    """Put a gave_up or not_found job back to polling now."""
-    if not _on_store(lambda store: store.resume(job_id)):
+    """Put a gave_up or not_found job back to polling now (a pending one: as poll-now)."""
+    done = _on_store(lambda store: store.resume(job_id))
+    if done is None:
         click.echo(f"error: no job {job_id!r} in a resumable state "
-                   "(pending, gave_up, not_found)", err=True)
+                   "(gave_up, not_found; a pending one is polled now)", err=True)
         sys.exit(1)
-    click.echo(f"{job_id}: pending, due now")
+    click.echo({"resumed": f"{job_id}: pending again with fresh counters, due now",
+                "made_due": f"{job_id}: still pending; made due now (as poll-now)",
+                "marked": f"{job_id}: still pending and being read right now; read again as "
+                          "soon as that read is recorded (as poll-now)"}[done])
 
 
 @jobs.command("show")

@@ -73,6 +73,9 @@ class ClaimedJob:
     """How late the claim was (the database's now minus next_poll_at)."""
     sent_mono: float = 0.0
     """time.monotonic() when the lease claim was sent (no later than the lease's start)."""
+    claimed_mono: float = 0.0
+    """time.monotonic() when the claim's rows arrived (about when `late_s` was measured): the
+    time a row then waits for a free slot is added to its lateness at the read's start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +185,10 @@ class Outcome:
     body: dict[str, Any] | None = None
     request_id: str | None = None
     account: str = DEFAULT_ACCOUNT
+    answered_mono: float = 0.0
+    """time.monotonic() when the answer arrived: the store counts the hint, finished_at and
+    last_polled_at from then, not from when the write (or, in lock mode, the claim's
+    transaction) began. 0: from the write."""
 
     @property
     def is_final(self) -> bool:
@@ -287,7 +294,9 @@ class WorkerStats:
     errors: dict[str, int] = field(default_factory=dict)
     fenced_out: int = 0
     too_late_to_read: int = 0
-    """Claimed rows given back unread: too little of their lease was left for one read."""
+    """Claimed rows left unread: too little of their lease was left for one read and write."""
+    max_late_s: float = 0.0
+    """The latest any read started after its row was due (claim lateness + wait for a slot)."""
     db_errors: int = 0
     server_pauses: int = 0
     results_fetched: int = 0

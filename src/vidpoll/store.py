@@ -96,12 +96,14 @@ def _q(name: str) -> LiteralString:
     return QUERIES[name]
 
 
-def _job(row: dict[str, Any], sent_mono: float = 0.0) -> ClaimedJob:
+def _job(row: dict[str, Any], sent_mono: float = 0.0, claimed_mono: float = 0.0
+         ) -> ClaimedJob:
     return ClaimedJob(job_id=row["job_id"], claim_token=row["claim_token"],
                       due_at=row["due_at"], polling_since=row["polling_since"],
                       polls=row["polls"], consecutive_errors=row["consecutive_errors"],
                       not_found_count=row["not_found_count"], account=row["account"],
-                      late_s=float(row["late_s"] or 0.0), sent_mono=sent_mono)
+                      late_s=float(row["late_s"] or 0.0), sent_mono=sent_mono,
+                      claimed_mono=claimed_mono)
 
 
 def _job_view(row: dict[str, Any], state: str, files: Any) -> Job:
@@ -150,12 +152,21 @@ def _intent(row: dict[str, Any]) -> Intent:
 def _outcome_params(outcomes: Sequence[Outcome], now: datetime | None) -> dict[str, Any]:
     # One JSON document for the whole batch: json.dumps runs in C, while eleven parameter
     # arrays were dumped element by element in Python (a twentieth of a busy worker's CPU).
+    # age_s: how long ago each answer arrived, on this process's monotonic clock; the query
+    # counts the hint from then (the database's clock minus the age: no clock skew)
+    sent = time.monotonic()
     return {"outcomes": json.dumps([
         {"job_id": o.job_id, "claim_token": str(o.claim_token), "state": o.state,
          "delay_s": float(o.delay_s), "read_ok": o.read_ok, "http_status": o.http_status,
          "error_class": o.error_class.value if o.error_class else None, "error": o.error,
-         "provider_status": o.provider_status, "body": o.body, "request_id": o.request_id}
+         "provider_status": o.provider_status, "body": o.body, "request_id": o.request_id,
+         "age_s": max(0.0, sent - o.answered_mono) if o.answered_mono else 0.0}
         for o in outcomes], allow_nan=False), "now": now}
+
+
+def _release_params(jobs: Sequence[ClaimedJob]) -> dict[str, Any]:
+    return {"job_ids": [j.job_id for j in jobs], "tokens": [j.claim_token for j in jobs],
+            "due_ats": [j.due_at for j in jobs]}
 
 
 @asynccontextmanager
@@ -181,6 +192,16 @@ class LockedBatch:
         async with _translate_errors():
             cur = await self._conn.execute(_q("record_outcomes"),
                                            _outcome_params(outcomes, self.now))
+            return {r[0] for r in await cur.fetchall()}
+
+    async def release(self, jobs: Sequence[ClaimedJob]) -> set[str]:
+        """Clear the claim of rows read without an outcome (a refused key), in the batch's
+        transaction: left set, the token reads as a claim in flight (doctor's stuck claims,
+        poll-now and webhooks would wait for a record that never comes)."""
+        if not jobs:
+            return set()
+        async with _translate_errors():
+            cur = await self._conn.execute(_q("release_claims"), _release_params(jobs))
             return {r[0] for r in await cur.fetchall()}
 
 
@@ -327,7 +348,8 @@ class PgStore:
                                                 "worker_id": worker_id, "now": now,
                                                 "account": account})
             rows: list[dict[str, Any]] = await cur.fetchall()
-        return [_job(r, sent) for r in rows]
+        arrived = time.monotonic()
+        return [_job(r, sent, arrived) for r in rows]
 
     @asynccontextmanager
     async def lock_batch(self, limit: int, worker_id: str, account: str = DEFAULT_ACCOUNT,
@@ -338,7 +360,9 @@ class PgStore:
             await cur.execute(_q("claim_due"), {"limit": limit, "lease_s": None,
                                                 "worker_id": worker_id, "now": now,
                                                 "account": account})
-            yield LockedBatch([_job(r) for r in await cur.fetchall()], conn, now)
+            rows = await cur.fetchall()
+            arrived = time.monotonic()
+            yield LockedBatch([_job(r, claimed_mono=arrived) for r in rows], conn, now)
 
     async def record(self, outcomes: Sequence[Outcome], now: datetime | None = None) -> set[str]:
         """Write read results; returns the job ids whose fence held (the others are stale).
@@ -354,9 +378,7 @@ class PgStore:
         """Give claimed rows back unread, due when they were due before the claim."""
         if not jobs:
             return set()
-        rows = await self._all("release_claims", {
-            "job_ids": [j.job_id for j in jobs], "tokens": [j.claim_token for j in jobs],
-            "due_ats": [j.due_at for j in jobs]})
+        rows = await self._all("release_claims", _release_params(jobs))
         return {r["job_id"] for r in rows}
 
     async def can_vacuum_jobs(self) -> bool:
@@ -495,10 +517,17 @@ class PgStore:
         async with _translate_errors(), self._pool.connection() as conn:
             await conn.execute(_q(name), params)
 
-    async def resume(self, job_id: str, now: datetime | None = None) -> bool:
-        """Put a gave_up/not_found row back to polling now; False if there is no such row."""
-        row = await self._one("resume_job", {"job_id": job_id, "now": now})
-        return row is not None
+    async def resume(self, job_id: str, now: datetime | None = None) -> str | None:
+        """Put a gave_up/not_found row back to polling now ("resumed"). A row still pending is
+        poked as poll_now does: "made_due", or "marked" when a worker is reading it (that
+        read's record makes it due at once; never a second read beside it). None: no such row,
+        or Sume's own terminal state."""
+        if await self._one("resume_job", {"job_id": job_id, "now": now}) is not None:
+            return "resumed"
+        made_due = await self.poll_now(job_id)
+        if made_due is None:
+            return None
+        return "made_due" if made_due else "marked"
 
     async def get_job(self, job_id: str) -> dict[str, Any] | None:
         """Every column of one row, or None."""

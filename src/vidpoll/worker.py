@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -64,6 +65,10 @@ BUSY_RETRY_S = 0.25
 WRITE_INTERVAL_S = 0.02
 """At most one outcome write per this interval: under load a write carries every read of the
 last 20 ms (one commit, one WAL flush for dozens of rows); a lone read is written at once."""
+WRITE_MARGIN_S = 0.5
+"""Lease a read must leave for its write, beyond the HTTP timeout: the batched write (up to
+WRITE_INTERVAL_S plus the database's time) must land before another worker may claim the row,
+or that worker could read it earlier than the hint the answer carried."""
 DEFAULT_VACUUM_EVERY_ROWS = 5_000
 """Dead row versions a worker lets pile up before it vacuums the job table: about one second
 of a busy worker's writes (two per poll)."""
@@ -76,6 +81,9 @@ class LockedBatchLike(Protocol):
 
     async def record(self, outcomes: Sequence[Outcome]) -> set[str]:
         """Write outcomes before the transaction commits."""
+
+    async def release(self, jobs: Sequence[ClaimedJob]) -> set[str]:
+        """Clear the claims of rows read without an outcome, before the commit."""
 
 
 class Store(MinutesStore, Protocol):
@@ -461,6 +469,11 @@ class Worker(Runner):
         started = self._clock()
         loop = asyncio.get_running_loop()
         began = loop.time()
+        # lateness at the read's start: the claim's (the database's clock) plus the time the
+        # row then waited in this worker for a slot (monotonic: no clock skew)
+        late_s = job.late_s
+        if job.claimed_mono:
+            late_s += max(0.0, time.monotonic() - job.claimed_mono)
         metrics.IN_FLIGHT.inc()
         try:
             answer = await self.readers[job.account].read_status(job.job_id)
@@ -470,9 +483,10 @@ class Worker(Runner):
                                 detail=type(exc).__name__)
         finally:
             metrics.IN_FLIGHT.dec()
+        answered = time.monotonic()
         read_s = loop.time() - began
-        late_s = job.late_s  # the database's clock: reads start right after their claim
         self.stats.reads += 1
+        self.stats.max_late_s = max(self.stats.max_late_s, late_s)
         self._note_server_pause(job.account, answer)
         try:
             decision = decide(job, answer, self._clock(), self.config.policy, self._rng)
@@ -513,7 +527,7 @@ class Worker(Runner):
             if word and word not in IN_PROGRESS_STATUSES and word not in self._seen_words:
                 self._seen_words.add(word)
                 log.warning("Sume sent an unknown non-terminal status %r; polling on", word)
-        return decision
+        return dataclasses.replace(decision, answered_mono=answered)
 
     def _note_server_pause(self, account: str, answer: HttpAnswer) -> None:
         """Queue the server's pause for the fleet's bucket (written by the writer, batched).
@@ -551,10 +565,10 @@ class Worker(Runner):
         self._outbox_ready.set()
 
     def _lease_fits_a_read(self, job: ClaimedJob) -> bool:
-        """Whether one whole read (the HTTP timeout) still fits in the row's lease.
+        """Whether one whole read (the HTTP timeout) and its write still fit in the lease.
 
-        If not, the lease could end before the answer arrives, and another worker could read
-        the row at the same moment, earlier than the hint it recorded. The row is then left
+        If not, the lease could end before the answer is recorded, and another worker could
+        read the row at the same moment, earlier than the hint the answer carried. The row is then left
         alone: its lease, nearly over, makes it due again (a release would make it due at
         once, and a worker whose claims keep arriving late would spin on it).
         """
@@ -562,7 +576,7 @@ class Worker(Runner):
         if not job.sent_mono:
             return True  # a store that does not stamp its claims: nothing to go by
         left_s = job.sent_mono + cfg.lease_s - time.monotonic()
-        if left_s > cfg.read_timeout_s:
+        if left_s > cfg.read_timeout_s + WRITE_MARGIN_S:
             return True
         self.stats.too_late_to_read += 1
         if self.stats.too_late_to_read == 1 or self.stats.too_late_to_read % 1000 == 0:
@@ -570,7 +584,7 @@ class Worker(Runner):
                         "%gs needed); they are read after their lease ends. Claims arrive "
                         "late or this worker is starved: a longer --lease-seconds, or fewer "
                         "rows claimed ahead (--batch-size), helps", self.stats.too_late_to_read,
-                        left_s, cfg.read_timeout_s)
+                        left_s, cfg.read_timeout_s + WRITE_MARGIN_S)
         return False
 
     async def _locked_batch(self, limit: int, account: str,
@@ -585,6 +599,9 @@ class Worker(Runner):
                 results = await asyncio.gather(*(self._read(j) for j in batch.jobs))
                 outcomes = [o for o in results if o is not None]
                 applied = await batch.record(outcomes)
+                # read without an outcome (a refused key): no claim may be left behind
+                await batch.release([j for j, o in zip(batch.jobs, results, strict=True)
+                                     if o is None])
             self._wrote(len(applied))
             self._account(outcomes, applied)
         except DatabaseUnavailable as exc:

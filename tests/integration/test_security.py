@@ -429,7 +429,7 @@ async def test_a_least_privilege_worker_role_does_everything_a_worker_does(
                         assert resp.status == 200, path
         finally:
             await runner.cleanup()
-        assert await store.resume("lp-1") is False  # a Sume terminal state is never resumed
+        assert await store.resume("lp-1") is None  # a Sume terminal state is never resumed
     finally:
         await store.close()
 

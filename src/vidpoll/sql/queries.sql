@@ -51,25 +51,29 @@ RETURNING j.job_id, j.claim_token, due.next_poll_at AS due_at, j.polling_since, 
 -- RETURNING tells the caller which writes landed; the others are counted as fenced out.
 -- The batch arrives as one JSON array of objects (cheaper to send than eleven arrays).
 WITH o AS (
-  SELECT *
+  SELECT o.*,
+         -- when the answer arrived: the hint counts from the answer, not from this write nor
+         -- (lock mode) from the claim's transaction, whose now() is the claim's time. age_s
+         -- is measured on the worker's monotonic clock, so no clock skew enters
+         coalesce(%(now)s::timestamptz,
+                  clock_timestamp() - make_interval(secs => o.age_s)) AS answered_at
   FROM jsonb_to_recordset(%(outcomes)s::jsonb)
        AS o(job_id text, claim_token uuid, state text, delay_s float8, read_ok bool,
             http_status int, error_class text, error text, provider_status text, body jsonb,
-            request_id text)
+            request_id text, age_s float8)
 )
 UPDATE video_jobs AS j
 SET state = o.state,
     -- a webhook poked the row while this read was in flight: read it again at once
     next_poll_at = CASE WHEN o.state = 'pending'
-                        THEN coalesce(%(now)s::timestamptz, now()) + make_interval(
+                        THEN o.answered_at + make_interval(
                                secs => CASE WHEN j.poked_at > j.claimed_at THEN 0
                                             ELSE o.delay_s END)
                         ELSE j.next_poll_at END,
     poked_at = NULL,
-    finished_at = CASE WHEN o.state = 'pending' THEN NULL
-                       ELSE coalesce(%(now)s::timestamptz, now()) END,
-    updated_at = coalesce(%(now)s::timestamptz, now()),
-    last_polled_at = coalesce(%(now)s::timestamptz, now()),
+    finished_at = CASE WHEN o.state = 'pending' THEN NULL ELSE o.answered_at END,
+    updated_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
+    last_polled_at = o.answered_at,
     polls = j.polls + CASE WHEN o.read_ok THEN 1 ELSE 0 END,
     consecutive_errors = CASE WHEN o.error_class IS NULL THEN 0 ELSE j.consecutive_errors + 1 END,
     errors_total = j.errors_total + CASE WHEN o.error_class IS NULL THEN 0 ELSE 1 END,
@@ -85,7 +89,7 @@ SET state = o.state,
     -- started with --fetch-results fetch them
     result_state = CASE WHEN o.state = 'completed' THEN 'pending' ELSE j.result_state END,
     result_next_at = CASE WHEN o.state = 'completed'
-                          THEN coalesce(%(now)s::timestamptz, now()) ELSE j.result_next_at END
+                          THEN o.answered_at ELSE j.result_next_at END
 FROM o
 WHERE j.job_id = o.job_id
   AND j.claim_token = o.claim_token
@@ -152,13 +156,17 @@ ON CONFLICT (job_id) DO NOTHING
 RETURNING job_id;
 
 -- name: resume_job
--- Puts a gave_up / not_found row (or a pending one) back to polling now, with fresh counters
--- and a fresh max-age clock. A row with Sume's own terminal state is left alone.
+-- Puts a gave_up / not_found row back to polling now, with fresh counters and a fresh max-age
+-- clock. Only vidpoll's own terminal states: no worker holds such a row (only pending rows are
+-- claimed, and a record clears the token), so nothing in flight can overwrite the reset. A
+-- pending row is not reset here (a worker may be reading it: a reset would make it due beside
+-- that read, and the read's record, computed from the old counters, would undo the reset);
+-- the caller pokes it as poll_now does. A row with Sume's own terminal state is left alone.
 UPDATE video_jobs
 SET state = 'pending', next_poll_at = coalesce(%(now)s::timestamptz, now()), finished_at = NULL,
     polling_since = coalesce(%(now)s::timestamptz, now()), consecutive_errors = 0,
-    not_found_count = 0, updated_at = coalesce(%(now)s::timestamptz, now())
-WHERE job_id = %(job_id)s AND state IN ('pending', 'gave_up', 'not_found')
+    not_found_count = 0, updated_at = coalesce(%(now)s::timestamptz, now()), claim_token = NULL
+WHERE job_id = %(job_id)s AND state IN ('gave_up', 'not_found')
 RETURNING job_id;
 
 -- name: get_job

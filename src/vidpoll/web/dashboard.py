@@ -233,8 +233,8 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
                       intent=intent, result=without_signatures(result),
                       history=await store.job_history(job_id),
                       deliveries=without_signatures(await store.job_deliveries(job_id)),
-                      can_resume=not archived and row["state"] in (PENDING,
-                                                                   *LOCAL_TERMINAL_STATES),
+                      # a pending row has poll-now (resume would only poke it the same way)
+                      can_resume=not archived and row["state"] in LOCAL_TERMINAL_STATES,
                       can_poll=not archived and row["state"] == PENDING,
                       done=_done(request))
 
@@ -244,7 +244,7 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
             return web.Response(status=403, text="stale or forged form; reload the page")
         job_id, what = str(form.get("id", "")), str(form.get("action", ""))
         if what == "resume":
-            ok = await store.resume(job_id)
+            ok = await store.resume(job_id) is not None
         elif what == "poll_now":
             ok = await store.poll_now(job_id) is not None
         else:
