@@ -38,7 +38,7 @@ from vidpoll.models import ClaimedJob, Outcome
 from vidpoll.policy import PollPolicy
 from vidpoll.store import PgStore, migrate
 from vidpoll.sume import SumeClient
-from vidpoll.worker import Worker, WorkerConfig
+from vidpoll.worker import Worker, WorkerConfig, late_at_read
 
 KEY = "sk-bench"
 HERE = Path(__file__).resolve().parent
@@ -280,7 +280,7 @@ async def _measure_lateness(url: str, base: str, window: float) -> tuple[list[fl
     class Measured(Worker):
         async def _read(self, job: ClaimedJob) -> Outcome | None:
             if measuring[0]:
-                lates.append(job.late_s)
+                lates.append(late_at_read(job))  # at the read's start, as the worker does
             return await super()._read(job)
 
     async with SumeClient(base, KEY, max_connections=200) as client:

@@ -74,6 +74,14 @@ DEFAULT_VACUUM_EVERY_ROWS = 5_000
 of a busy worker's writes (two per poll)."""
 
 
+def late_at_read(job: ClaimedJob) -> float:
+    """How late a read starting now is: the claim's lateness (the database's clock) plus the
+    time the row then waited in this worker for a slot (monotonic: no clock skew)."""
+    if not job.claimed_mono:
+        return job.late_s
+    return job.late_s + max(0.0, time.monotonic() - job.claimed_mono)
+
+
 class LockedBatchLike(Protocol):
     """Rows claimed in lock mode, recorded inside the same transaction."""
 
@@ -469,11 +477,7 @@ class Worker(Runner):
         started = self._clock()
         loop = asyncio.get_running_loop()
         began = loop.time()
-        # lateness at the read's start: the claim's (the database's clock) plus the time the
-        # row then waited in this worker for a slot (monotonic: no clock skew)
-        late_s = job.late_s
-        if job.claimed_mono:
-            late_s += max(0.0, time.monotonic() - job.claimed_mono)
+        late_s = late_at_read(job)
         metrics.IN_FLIGHT.inc()
         try:
             answer = await self.readers[job.account].read_status(job.job_id)
@@ -568,9 +572,9 @@ class Worker(Runner):
         """Whether one whole read (the HTTP timeout) and its write still fit in the lease.
 
         If not, the lease could end before the answer is recorded, and another worker could
-        read the row at the same moment, earlier than the hint the answer carried. The row is then left
-        alone: its lease, nearly over, makes it due again (a release would make it due at
-        once, and a worker whose claims keep arriving late would spin on it).
+        read the row at the same moment, earlier than the hint the answer carried. The row is
+        then left alone: its lease, nearly over, makes it due again (a release would make it
+        due at once, and a worker whose claims keep arriving late would spin on it).
         """
         cfg = self.config
         if not job.sent_mono:
