@@ -70,7 +70,9 @@ CREATE TABLE chaos_audit (
   app          text,
   next_poll_at timestamptz,
   read_ok      boolean,
-  hint         float8
+  hint         float8,
+  -- the answer's time as recorded (the hint counts from it): a record's last_polled_at
+  answered_at  timestamptz
 );
 CREATE FUNCTION chaos_audit() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -91,13 +93,14 @@ BEGIN
     RETURN NULL;  -- result fetches and bookkeeping: not claims of the status row
   END IF;
   INSERT INTO chaos_audit (job_id, kind, old_state, new_state, claimed_by, app, next_poll_at,
-                           read_ok, hint)
+                           read_ok, hint, answered_at)
   VALUES (NEW.job_id, k, CASE WHEN TG_OP = 'UPDATE' THEN OLD.state END, NEW.state,
           CASE WHEN TG_OP = 'UPDATE' THEN OLD.claimed_by END,
           current_setting('application_name'), NEW.next_poll_at,
           TG_OP = 'UPDATE' AND NEW.polls > OLD.polls,
           CASE WHEN jsonb_typeof(NEW.last_response -> 'next_poll_after_seconds') = 'number'
-               THEN (NEW.last_response ->> 'next_poll_after_seconds')::float8 END);
+               THEN (NEW.last_response ->> 'next_poll_after_seconds')::float8 END,
+          coalesce(NEW.last_polled_at, now()));
   RETURN NULL;
 END
 $$;
@@ -556,7 +559,9 @@ def stale_writes(audit: list[AuditRow]) -> list[str]:
 
 
 def short_hints(audit: list[AuditRow]) -> list[str]:
-    """Not-ready reads recorded with a due time sooner than the server's hint."""
+    """Not-ready reads recorded with a due time sooner than the server's hint after the answer
+    (`last_polled_at`, the answer's time; whether reads then wait for that due time is
+    early_reads' check, against the proxy's own log of when each read passed)."""
     return [f"{a.job_id}: due in {a.due_after_s:.3f}s < hint {a.hint}" for a in audit
             if a.kind == "record" and a.read_ok and a.state == "pending"
             and a.hint is not None and a.due_after_s < min(a.hint, 3600.0) - 0.001]
@@ -610,7 +615,7 @@ def _check(url: str, fake: FakeSume, proxy: ChaosProxy, fleet: Fleet, keys: list
         audit = conn.execute(
             "SELECT job_id, extract(epoch FROM at)::float8, kind, claimed_by, app, "
             "extract(epoch FROM next_poll_at)::float8, read_ok, hint, "
-            "extract(epoch FROM next_poll_at - txn_now)::float8, new_state FROM chaos_audit "
+            "extract(epoch FROM next_poll_at - answered_at)::float8, new_state FROM chaos_audit "
             "ORDER BY id").fetchall()
     figures.jobs = len(rows)
 
