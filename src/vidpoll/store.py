@@ -223,11 +223,31 @@ async def _stamp_returned(conn: psycopg.AsyncConnection[Any]) -> None:
     _returned_at[conn] = time.monotonic()
 
 
-async def _check_if_idle(conn: psycopg.AsyncConnection[Any]) -> None:
-    returned = _returned_at.get(conn)
-    if (returned is None or time.monotonic() - returned > _CHECK_AFTER_IDLE_S
-            or _has_input(conn)):
-        await AsyncConnectionPool.check_connection(conn)
+class _IdleCheck:
+    """The pool's check of a connection it is about to hand out (see _CHECK_AFTER_IDLE_S).
+
+    When one fails, its idle peers most likely died with it (a restart, a failover, a
+    pg_terminate_backend of the worker's sessions): all are checked at once, so the pool
+    replaces them together. Handed out one by one instead, psycopg_pool pauses the caller
+    after each failed check (0, 1, 2, 4 s...): four dead connections cost a caller 7 s, and a
+    fifth ran out the pool's 10 s timeout, an outage for a server that was already back.
+    """
+
+    def __init__(self) -> None:
+        self.pool: AsyncConnectionPool[Any] | None = None
+
+    async def __call__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        returned = _returned_at.get(conn)
+        if (returned is not None and time.monotonic() - returned <= _CHECK_AFTER_IDLE_S
+                and not _has_input(conn)):
+            return
+        try:
+            await AsyncConnectionPool.check_connection(conn)
+        except Exception:
+            if self.pool is not None:
+                # takes the pool's lock, which the pool does not hold while it checks
+                await self.pool.check()
+            raise
 
 
 def _has_input(conn: psycopg.AsyncConnection[Any]) -> bool:
@@ -303,10 +323,12 @@ class PgStore:
         if version is None:
             raise SchemaError("the database has no vidpoll schema; run `vidpoll migrate` first")
         if version < latest:
+        check = _IdleCheck()
             raise SchemaError(f"schema version {version} is older than {latest}; "
                               "run `vidpoll migrate`")
         if version > latest:
             raise SchemaError(f"schema version {version} is newer than this vidpoll ({latest}); "
+        check.pool = pool
                               "upgrade vidpoll")
         return version
 
