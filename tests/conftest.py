@@ -13,6 +13,8 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +168,75 @@ async def run_until(worker: Worker | Submitter, predicate: Callable[[], bool],
         worker.stop()
         await asyncio.wait_for(task, 10)
     assert predicate(), "worker stopped before the condition held"
+
+
+async def db_now(url: str) -> datetime:
+    """The database's clock now: a time to inject (`now=`) into store calls, so a test moves a
+    lease past its end by passing a later `now` instead of sleeping until it ends."""
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        cur = await conn.execute("SELECT clock_timestamp()")
+        row = await cur.fetchone()
+        assert row is not None
+        return row[0]  # type: ignore[no-any-return]
+
+
+def hold_reads(fake: FakeSume) -> asyncio.Event:
+    """Hold every request the fake serves (at its latency step: status reads, result reads,
+    creates) until the returned event is set.
+
+    A read then stays in flight for as long as the test needs, instead of for a latency that
+    a loaded machine can outlast before the test looks. The client's own timeout still ends
+    it: give the client a long one.
+    """
+    gate = asyncio.Event()
+
+    async def held() -> None:
+        await gate.wait()
+
+    fake._latency = held  # type: ignore[method-assign]
+    return gate
+
+
+@dataclass
+class SleepLog:
+    """What a loop's sleeps were: how long each was asked to last and how each ended."""
+
+    asked: list[float] = field(default_factory=list)
+    """The seconds each sleep was asked for, in order."""
+    notes: list[Any] = field(default_factory=list)
+    """What `note()` returned as each sleep began (None without a `note`)."""
+    ended: list[str] = field(default_factory=list)
+    """How each finished sleep ended: "woken" (a wake-up, e.g. a NOTIFY), "stop", or
+    "timeout" (it lasted as long as asked)."""
+
+    @property
+    def asleep(self) -> bool:
+        """Whether the loop is in a sleep now."""
+        return len(self.ended) < len(self.asked)
+
+
+def observe_sleeps(loop: Worker | Submitter,
+                   note: Callable[[], Any] | None = None) -> SleepLog:
+    """Record every sleep `loop` asks for and how it ends, pulsing its signals at both.
+
+    A test then waits for "the loop went to sleep" (signals.wait_for on the log) and checks
+    how long it meant to sleep and what ended it, instead of counting what it did in a window
+    of wall-clock time, which a loaded machine stretches and shrinks at will.
+    """
+    log = SleepLog()
+    real_sleep = loop._sleep
+
+    async def sleep(seconds: float) -> None:
+        log.asked.append(seconds)
+        log.notes.append(note() if note is not None else None)
+        await loop.signals.pulse()
+        await real_sleep(seconds)
+        log.ended.append("stop" if loop._stopping.is_set()
+                         else "woken" if loop._wake.is_set() else "timeout")
+        await loop.signals.pulse()
+
+    loop._sleep = sleep  # type: ignore[method-assign]
+    return log
 
 
 @pytest.fixture

@@ -29,7 +29,15 @@ from vidpoll.deliver import Deliverer, DeliveryConfig, Hook, hook_name
 from vidpoll.download import Downloader
 from vidpoll.embedded import resolve_database_url
 from vidpoll.errors import ConfigError, IntentRejected
-from vidpoll.models import DEFAULT_ACCOUNT, QUEUED, REJECTED, Intent, Job, SubmitOutcome
+from vidpoll.models import (
+    DEFAULT_ACCOUNT,
+    QUEUED,
+    REJECTED,
+    UNKNOWN,
+    Intent,
+    Job,
+    SubmitOutcome,
+)
 from vidpoll.policy import AuthPause
 from vidpoll.store import INTENTS_CHANNEL, JOB_DONE_CHANNEL, PgStore
 from vidpoll.submitter import SubmitterConfig, submit_now
@@ -61,6 +69,16 @@ class Submission:
     def state(self) -> str:
         """queued, submitted or rejected."""
         return self.intent.state
+
+
+def unknown_reason(intent: Intent) -> str:
+    """Why an `unknown` intent has no job yet, and what settles it."""
+    refusal = (f"Sume refused it ({intent.error_code}: {intent.error_message or ''})"
+               if intent.error_code else "Sume has not confirmed it")
+    return (f"{refusal}, but an earlier attempt's reply was lost, so a render may be billed: a "
+            "running `vidpoll worker` sends it again with the same key every minute or two "
+            "(a top-up brings its job back); `vidpoll intents resolve KEY --job-id ID | "
+            "--not-billed` settles it")
 
 
 class Vidpoll:
@@ -132,7 +150,9 @@ class Vidpoll:
         return await self.explained(sub) if explain else sub
 
     async def explained(self, sub: Submission) -> Submission:
-        """`sub` with the reason it is still queued filled in (if it is)."""
+        """`sub` with the reason it is still queued (or unknown) filled in (if it is)."""
+        if sub.intent.state == UNKNOWN and sub.reason is None:
+            return Submission(sub.intent, sub.new, unknown_reason(sub.intent))
         if sub.intent.state != QUEUED or sub.reason is not None:
             return sub
         return Submission(sub.intent, sub.new, await self.queued_reason(sub.key))
@@ -164,6 +184,8 @@ class Vidpoll:
         reason = None
         if intent.state == QUEUED:
             reason = await self._why_queued(key, result, cap)
+        elif intent.state == UNKNOWN:
+            reason = unknown_reason(intent)
         return Submission(intent, False, reason)
 
     async def queued_reason(self, key: str) -> str:

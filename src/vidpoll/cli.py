@@ -23,11 +23,18 @@ from rich.table import Table
 from vidpoll import logs
 from vidpoll.api import Submission, Vidpoll
 from vidpoll.bulk import BadLine, KeyDeriver, parse_param
-from vidpoll.config import DEFAULT_LEASE_MARGIN_S, Settings
+from vidpoll.config import (
+    DEFAULT_LEASE_MARGIN_S,
+    Settings,
+    check_webhook_retention,
+    parse_duration,
+)
 from vidpoll.deliver import Deliverer, DeliveryConfig, load_hook
 from vidpoll.doctor import FAIL, OK, WARN, diagnose
 from vidpoll.download import Downloader
+from vidpoll.embedded import refusal as embedded_refusal
 from vidpoll.embedded import resolve_database_url
+from vidpoll.embedded import set_notice as set_embedded_notice
 from vidpoll.errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -39,12 +46,18 @@ from vidpoll.errors import (
     SchemaError,
     VidpollError,
 )
-from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
+from vidpoll.fake_sume import (
+    STATUS_CASES,
+    STATUS_SHAPES,
+    FakeConfig,
+    FakeSume,
+    start_fake,
+)
 from vidpoll.media import without_signatures
-from vidpoll.models import COMPLETED, ClaimMode, Intent
+from vidpoll.models import SUCCESS_STATES, ClaimMode, Intent
 from vidpoll.runner import default_worker_id
 from vidpoll.sql import migrations
-from vidpoll.store import InvalidCursor, PgStore, migrate
+from vidpoll.store import PRUNE_KEPT_REASONS, InvalidCursor, PgStore, migrate
 from vidpoll.submitter import Submitter, SubmitterConfig
 from vidpoll.sume import SumeClient
 from vidpoll.worker import DEFAULT_VACUUM_EVERY_ROWS, Worker, WorkerConfig
@@ -74,16 +87,27 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _settings() -> Settings:
+    """The environment's settings (exit 2 on a bad one). With DATABASE_URL unset and the
+    embedded fallback turned off (VIDPOLL_EMBEDDED=off, `vidpoll --no-embedded`), exit 2 at
+    once: before anything is recorded or sent."""
     try:
-        return Settings.from_env()
+        settings = Settings.from_env()
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.find_root().params.get("no_embedded"):
+        settings = dataclasses.replace(settings, embedded=False)
+    if settings.database_url is None and not settings.embedded:
+        click.echo(f"error: {embedded_refusal()}", err=True)
+        sys.exit(2)
+    return settings
 
 
 async def _open_store(settings: Settings, max_size: int = 4,
                       application_name: str = "vidpoll") -> PgStore:
-    url = resolve_database_url(settings.database_url, settings.home)
+    url = resolve_database_url(settings.database_url, settings.home,
+                               embedded=settings.embedded)
     return await PgStore.open(url, max_size=max_size, prepare=settings.prepared_statements,
                               application_name=application_name)
 
@@ -109,12 +133,17 @@ def _on_store(use: Callable[[PgStore], Awaitable[T]]) -> T:
               type=click.Choice(["text", "json"]),
               help="One line per event; json: one object per line. Secrets and signed URL "
                    "query strings are redacted either way.")
-def main(log_level: str, log_format: str) -> None:
+@click.option("--no-embedded", is_flag=True,
+              help="With DATABASE_URL unset, exit 2 instead of using the embedded PostgreSQL "
+                   "(as VIDPOLL_EMBEDDED=off does).")
+def main(log_level: str, log_format: str, no_embedded: bool) -> None:
     """Track paid AI video jobs in one Postgres table and poll them with any number of workers.
 
-    Uses DATABASE_URL, or an embedded PostgreSQL under VIDPOLL_HOME when it is unset.
+    Uses DATABASE_URL, or an embedded PostgreSQL under VIDPOLL_HOME when it is unset (each
+    command that does says so on stderr; VIDPOLL_EMBEDDED=off or --no-embedded refuses it).
     """
     logs.setup(log_level, log_format)
+    set_embedded_notice(lambda line: click.echo(line, err=True))
 
 
 @main.command("migrate")
@@ -123,7 +152,8 @@ def migrate_cmd() -> None:
     settings = _settings()
 
     async def go() -> list[str]:
-        url = resolve_database_url(settings.database_url, settings.home)
+        url = resolve_database_url(settings.database_url, settings.home,
+                                   embedded=settings.embedded)
         return await migrate(url)
 
     applied = _run(go())
@@ -322,6 +352,12 @@ def _override(rates: Mapping[str, float], per_min: float | None,
 @click.option("--not-found-for", default=0.0, type=float,
               help="Seconds a new job answers 404.")
 @click.option("--uppercase", is_flag=True, help="Send statuses in upper case.")
+@click.option("--status-shape", type=click.Choice(list(STATUS_SHAPES)), default="seed",
+              show_default=True,
+              help="seed: {terminal, sume_status, ...}; the others: the CLI's envelope, the "
+                   "word under that field, no terminal flag.")
+@click.option("--status-case", type=click.Choice(list(STATUS_CASES)), default="as_is",
+              show_default=True, help="Letter case of status words (random: per read).")
 @click.option("--auto-create", is_flag=True, help="Treat unknown job ids as new jobs.")
 @click.option("--terminal-mix", default="completed=1",
               help="e.g. completed=0.8,failed=0.1,canceled=0.05,expired=0.05")
@@ -333,6 +369,15 @@ def _override(rates: Mapping[str, float], per_min: float | None,
               help="Share of creates answered 500 before billing.")
 @click.option("--create-rate-429", default=0.0, type=float, help="Share of creates answered 429.")
 @click.option("--credits", type=int, help="Renders the account can pay for; then 402.")
+@click.option("--limits-before-key", is_flag=True,
+              help="Check credits, limits and the request before the Idempotency-Key lookup "
+                   "(a re-send of a billed key then gets 402 while credits are out).")
+@click.option("--key-ttl", "key_ttl_s", type=float,
+              help="Seconds an Idempotency-Key is remembered (then a re-send bills again).")
+@click.option("--create-keeps-running", is_flag=True,
+              help="A create goes on (and bills) after its client disconnected.")
+@click.option("--create-bill-seconds", "create_bill_s", default=0.0, type=float,
+              help="Seconds a create works before it bills.")
 @click.option("--max-concurrent", type=int,
               help="Renders that may run at once; then 429 concurrency_limit_exceeded.")
 @click.option("--read-rate-per-s", type=float,
@@ -507,7 +552,7 @@ def jobs_watch(job_id: str, timeout: float | None) -> None:
         click.echo(f"error: {job_id} is not final after {timeout:g}s; it goes on", err=True)
         sys.exit(EXIT_WAIT_TIMEOUT)
     click.echo(final)
-    if final != COMPLETED:
+    if final not in SUCCESS_STATES:
         sys.exit(EXIT_NOT_COMPLETED)
 
 
@@ -624,10 +669,20 @@ def jobs_poll_now(job_id: str) -> None:
 @click.option("--finished-before", required=True, metavar="DATE",
               help="ISO date or time (UTC unless it says otherwise), e.g. 2026-11-01.")
 @click.option("--batch", default=5000, show_default=True, type=click.IntRange(1, 1_000_000))
-def jobs_prune(finished_before: str, batch: int) -> None:
+@click.option("--events-older-than", metavar="DURATION",
+              help="Delete the history (video_job_events) of jobs no longer in video_jobs "
+                   "once all of it is this old: 90d, 12h, 30m, or off "
+                   "[default: VIDPOLL_EVENTS_RETENTION, else 90d].")
+@click.option("--webhook-events-older-than", metavar="DURATION",
+              help="Delete webhook events (the replay de-duplication) received this long "
+                   "ago, at least twice VIDPOLL_WEBHOOK_TOLERANCE_S, or off "
+                   "[default: VIDPOLL_WEBHOOK_EVENTS_RETENTION, else that plus 1h].")
+def jobs_prune(finished_before: str, batch: int, events_older_than: str | None,
+               webhook_events_older_than: str | None) -> None:
     """Move rows finished before DATE to video_jobs_archive, in batches (each its own
-    transaction). Nothing is deleted: `jobs show` still finds them. Rows whose result or
-    deliveries are still to do stay."""
+    transaction): `jobs show` still finds them. Rows whose result or deliveries are still to
+    do stay, counted by reason. Then delete, in batches too, the history of jobs no longer in
+    video_jobs and old webhook events."""
     try:
         before = datetime.fromisoformat(finished_before)
     except ValueError:
@@ -635,26 +690,81 @@ def jobs_prune(finished_before: str, batch: int) -> None:
                                  param_hint="--finished-before") from None
     if before.tzinfo is None:
         before = before.replace(tzinfo=UTC)
+    settings = _settings()
+    try:
+        events_s = (settings.events_retention_s if events_older_than is None
+                    else parse_duration(events_older_than, "--events-older-than"))
+        webhooks_s = (settings.webhook_retention_s() if webhook_events_older_than is None
+                      else check_webhook_retention(
+                          parse_duration(webhook_events_older_than,
+                                         "--webhook-events-older-than"),
+                          settings.webhook_tolerance_s, "--webhook-events-older-than"))
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
 
-    async def prune(store: PgStore) -> int:
+    async def prune(store: PgStore) -> None:
+        dropped = await store.unarchived_columns()
+        if dropped:
+            click.echo(f"note: video_jobs has columns prune does not archive (not from "
+                       f"vidpoll's migrations): {', '.join(dropped)}; their values go with "
+                       "the rows it moves", err=True)
         moved = 0
         while n := await store.prune_finished(before, batch):
             moved += n
             click.echo(f"moved {moved} rows so far", err=True)
-        return moved
+        click.echo(f"moved {moved} rows finished before {before.isoformat()} to "
+                   "video_jobs_archive")
+        kept = await store.prune_kept(before)
+        if kept:
+            click.echo(f"kept {sum(int(k['n']) for k in kept)} rows finished before then:")
+        for k in kept:
+            who = f" {k['consumer']}" if k["consumer"] else ""
+            click.echo(f"  {k['n']} {k['reason']}{who} (oldest finished "
+                       f"{k['oldest_finished']:%Y-%m-%d %H:%M}): "
+                       + PRUNE_KEPT_REASONS.get(k["reason"], k["reason"]).format(
+                           consumer=k["consumer"]))
+        if events_s is None:
+            click.echo("history: kept for ever (--events-older-than off)")
+        else:
+            gone, old = await store.prune_job_events(
+                events_s, batch, lambda n: click.echo(f"deleted {n} events so far", err=True))
+            click.echo(f"deleted {gone} history events of jobs no longer in video_jobs, all "
+                       f"older than {_duration(events_s)}"
+                       + (f"; kept {old} as old: their jobs are still in video_jobs or have "
+                          "newer events" if old else ""))
+        if webhooks_s is None:
+            click.echo("webhook events: kept for ever (--webhook-events-older-than off)")
+        else:
+            gone = await store.prune_webhook_events(
+                webhooks_s, batch,
+                lambda n: click.echo(f"deleted {n} webhook events so far", err=True))
+            click.echo(f"deleted {gone} webhook events received over {_duration(webhooks_s)} "
+                       "ago")
 
-    click.echo(f"moved {_on_store(prune)} rows finished before {before.isoformat()} to "
-               "video_jobs_archive")
+    _on_store(prune)
+
+
+def _duration(seconds: float) -> str:
+    """90d, 1h10m, 45s: a retention as `jobs prune` takes it."""
+    whole = round(seconds)
+    if whole % 86400 == 0:
+        return f"{whole // 86400}d"
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return "".join(f"{v}{u}" for v, u in ((hours, "h"), (minutes, "m"), (secs, "s")) if v)
 
 
 @main.command("doctor")
 @click.option("--json", "as_json", is_flag=True)
 def doctor_cmd(as_json: bool) -> None:
     """Check the schema, the claim query's plan, dead rows and bloat, autovacuum, the xmin
-    horizon, connections, listeners and stuck claims; print what is wrong and the fix.
+    horizon, connections, listeners and stuck claims, and whether the database is the
+    embedded one; print what is wrong and the fix.
     Exit 0 if nothing failed (warnings included), 1 otherwise."""
+    settings = _settings()
     report = _on_store(lambda store: store.doctor())
-    findings = diagnose(report, len(migrations()))
+    findings = diagnose(report, len(migrations()),
+                        None if settings.database_url else settings.home / "pgdata")
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(f) for f in findings]))
     else:
@@ -811,7 +921,7 @@ def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, ke
         sys.exit(EXIT_WAIT_TIMEOUT)
     if final is not None:
         click.echo(final)
-        if final != COMPLETED:
+        if final not in SUCCESS_STATES:
             sys.exit(EXIT_NOT_COMPLETED)
 
 
@@ -848,7 +958,7 @@ def _report_submission(sub: Submission, as_json: bool) -> None:
         click.echo(f"submitted{again}: key {sub.key}", err=True)
         click.echo(sub.job_id)
     else:
-        click.echo(f"queued{again}: key {sub.key}: {sub.reason}")
+        click.echo(f"{sub.state}{again}: key {sub.key}: {sub.reason}")
 
 
 def _submit_file(settings: Settings, source: Any, prefix: str, priority: int,
@@ -938,7 +1048,9 @@ def intents_show(key: str) -> None:
 
 
 @intents.command("list")
-@click.option("--state", type=click.Choice(["queued", "submitted", "rejected"]))
+@click.option("--state", type=click.Choice(["queued", "submitted", "rejected", "unknown"]),
+              help="unknown: refused after an earlier attempt's reply was lost (a render may "
+                   "be billed); `intents resolve` settles them.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--json", "as_json", is_flag=True)
 def intents_list(state: str | None, limit: int, as_json: bool) -> None:
@@ -959,18 +1071,59 @@ def intents_list(state: str | None, limit: int, as_json: bool) -> None:
 @click.option("--code", help="With --all-rejected: only those Sume rejected with this code "
                              "(e.g. insufficient_credits).")
 def intents_retry(keys: tuple[str, ...], all_rejected: bool, code: str | None) -> None:
-    """Re-queue rejected intents (same key), due now; a queued one is made due now."""
+    """Re-queue rejected intents (same key), due now; a queued or unknown one is made due
+    now (an unknown one stays unknown)."""
     if not keys and not all_rejected:
         raise click.UsageError("give KEY... or --all-rejected")
     done = _on_store(lambda store: store.requeue_intents(keys, all_rejected=all_rejected,
                                                          code=code))
     for k in done:
-        click.echo(f"{k}: queued, due now")
+        click.echo(f"{k}: queued, due now")  # an `unknown` one stays unknown, due now
     missing = set(keys) - set(done)
     for k in sorted(missing):
         click.echo(f"error: {k!r}: no rejected or idle queued intent with this key", err=True)
     if missing or not done:
         sys.exit(1)
+
+
+@intents.command("resolve")
+@click.argument("key")
+@click.option("--job-id", help="The job Sume started for this key (its dashboard, support): "
+                               "the intent becomes submitted and the job is tracked.")
+@click.option("--not-billed", is_flag=True,
+              help="Nothing was billed for this key: the intent is rejected for good.")
+def intents_resolve(key: str, job_id: str | None, not_billed: bool) -> None:
+    """Settle an intent by hand, typically an `unknown` one (refused after a lost reply).
+
+    Exit 0 when settled; 1 if there is no such intent, it is submitted already, it is being
+    sent right now (try again in a few seconds), or the job id belongs to another key; 6 for
+    a job id that cannot be stored.
+    """
+    if (job_id is None) == (not not_billed):
+        raise click.UsageError("give exactly one of --job-id ID or --not-billed")
+
+    async def go(store: PgStore) -> tuple[bool, Intent | None]:
+        done = await store.resolve_intent(key, job_id=job_id, not_billed=not_billed)
+        return done, await store.get_intent(key)
+
+    done, intent = _on_store(go)  # a job id PostgreSQL cannot store: exit 6
+    if done and intent is not None:
+        if job_id is not None:
+            click.echo(f"{key}: submitted, job {intent.job_id} tracked (polled now)")
+        else:
+            click.echo(f"{key}: rejected for good (resolved: not billed)")
+        return
+    if intent is None:
+        click.echo(f"error: no intent with key {key!r}", err=True)
+    elif intent.state == "submitted":
+        click.echo(f"error: {key!r} is already submitted (job {intent.job_id})", err=True)
+    elif job_id is not None:
+        click.echo(f"error: {key!r} ({intent.state}) not settled: it is being sent right now, "
+                   f"or job {job_id!r} is tracked under another key", err=True)
+    else:
+        click.echo(f"error: {key!r} ({intent.state}) not settled: it is being sent right now "
+                   "(try again in a few seconds), or it is not queued or unknown", err=True)
+    sys.exit(1)
 
 
 @intents.command("stats")
@@ -988,7 +1141,8 @@ def intents_stats(as_json: bool) -> None:
     for state, n in stats["states"].items():
         click.echo(f"{state:>12} {n}")
     click.echo(f"active renders: {stats['pending_jobs']} pending jobs + "
-               f"{stats['unconfirmed']} unconfirmed POSTs")
+               f"{stats['unconfirmed']} unconfirmed POSTs ({stats['unknown']} of them unknown: "
+               "`intents list --state unknown`)")
 
 
 @main.command("serve")

@@ -23,6 +23,53 @@ DEFAULT_MAX_ACTIVE = 50
 DEFAULT_FIRST_POLL_S = 15.0
 ALLOW_INSECURE_HTTP_VARIABLE = "VIDPOLL_ALLOW_INSECURE_HTTP"
 """Set to 1 to send the API key over plain http:// to a host that is not loopback."""
+EMBEDDED_VARIABLE = "VIDPOLL_EMBEDDED"
+"""off: with DATABASE_URL unset, refuse instead of starting the embedded PostgreSQL."""
+ROOT_HOME = Path("/var/lib/vidpoll")
+"""VIDPOLL_HOME's default as root: its parents are world-traversable on any usual system, so
+the embedded server (run as its own user) never needs a directory's permissions loosened."""
+DEFAULT_EVENTS_RETENTION_S = 90 * 86400.0
+"""`jobs prune` deletes the history of jobs gone from video_jobs older than this."""
+WEBHOOK_RETENTION_MARGIN_S = 3600.0
+"""Kept beyond the replay window (twice the webhook tolerance, see `webhook_replay_s`)."""
+
+
+def default_home() -> Path:
+    """VIDPOLL_HOME when unset: /var/lib/vidpoll as root, else the user's data directory."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return ROOT_HOME
+    return Path(platformdirs.user_data_dir("vidpoll"))
+
+
+def embedded_allowed(env: Mapping[str, str]) -> bool:
+    """Whether VIDPOLL_EMBEDDED lets a command fall back to the embedded PostgreSQL."""
+    return _on_off(env, EMBEDDED_VARIABLE, True)
+
+
+def parse_duration(text: str, name: str) -> float | None:
+    """Seconds of `90d`, `12h`, `30m`, `45s` or a bare number of seconds; None for `off` or
+    `never` (keep for ever). A ConfigError naming `name` otherwise."""
+    raw = text.strip().lower()
+    if raw in ("off", "never"):
+        return None
+    units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+    scale = units.get(raw[-1:], 1.0)
+    number = raw[:-1] if raw[-1:] in units else raw
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not a duration (like 90d, 12h, 30m, 45s, or "
+                          "off)") from None
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"{name}={text!r} must be a positive duration (or off)")
+    return value
+
+
+def webhook_replay_s(tolerance_s: float) -> float:
+    """How long a received webhook's event id and signature must be kept: a delivery is
+    accepted while its timestamp is within the tolerance of now, either way, so one received
+    at R may be replayed until R + 2 x tolerance."""
+    return 2 * tolerance_s
 
 
 def loopback_hostname(host: str) -> bool:
@@ -117,7 +164,7 @@ class Settings:
     sume_base_url: str = DEFAULT_SUME_BASE_URL
     sume_api_key: str = field(default="", repr=False)
     http_timeout_s: float = DEFAULT_HTTP_TIMEOUT_S
-    home: Path = field(default_factory=lambda: Path(platformdirs.user_data_dir("vidpoll")))
+    home: Path = field(default_factory=default_home)
     policy: PollPolicy = field(default_factory=PollPolicy)
     max_active: int | None = DEFAULT_MAX_ACTIVE
     first_poll_s: float = DEFAULT_FIRST_POLL_S
@@ -135,6 +182,23 @@ class Settings:
     prepared_statements: bool = True
     """VIDPOLL_DB_PREPARE=off: no server-side prepared statements (PgBouncer before 1.21 in
     transaction mode loses them between transactions)."""
+    embedded: bool = True
+    """VIDPOLL_EMBEDDED=off: with DATABASE_URL unset, refuse instead of using the embedded
+    PostgreSQL (a deployment that must never record a paid job in a private database)."""
+    events_retention_s: float | None = DEFAULT_EVENTS_RETENTION_S
+    """VIDPOLL_EVENTS_RETENTION: `jobs prune` deletes the history (video_job_events) of jobs no
+    longer in video_jobs once all of it is older than this; None: kept for ever."""
+    webhook_events_retention_s: float | None = None
+    """VIDPOLL_WEBHOOK_EVENTS_RETENTION: None (unset) for the replay window plus an hour,
+    inf for `off` (kept for ever); `webhook_retention_s()` is the retention in force."""
+
+    def webhook_retention_s(self) -> float | None:
+        """How old a webhook event (the replay de-duplication) `jobs prune` deletes; None:
+        never. Never less than the replay window (from_env refuses a shorter setting)."""
+        if self.webhook_events_retention_s == float("inf"):
+            return None
+        return (self.webhook_events_retention_s
+                or webhook_replay_s(self.webhook_tolerance_s) + WEBHOOK_RETENTION_MARGIN_S)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -154,13 +218,14 @@ class Settings:
         if policy.min_poll_s > policy.max_poll_s:
             raise ConfigError("VIDPOLL_MIN_POLL_S must not exceed VIDPOLL_MAX_POLL_S")
         keys = _account_keys(env)
+        tolerance = _float(env, "VIDPOLL_WEBHOOK_TOLERANCE_S", 300.0, minimum=1.0)
         return cls(
             database_url=env.get("DATABASE_URL", "").strip() or None,
             sume_base_url=base,
             sume_api_key=env.get("SUME_API_KEY", "").strip(),
             http_timeout_s=_float(env, "VIDPOLL_HTTP_TIMEOUT", DEFAULT_HTTP_TIMEOUT_S,
                                   minimum=0.1),
-            home=Path(home) if home else Path(platformdirs.user_data_dir("vidpoll")),
+            home=Path(home) if home else default_home(),
             policy=policy,
             max_active=_max_active(env),
             first_poll_s=_float(env, "VIDPOLL_FIRST_POLL_S", DEFAULT_FIRST_POLL_S),
@@ -169,9 +234,13 @@ class Settings:
             submit_rates=_rates(env, "VIDPOLL_SUBMIT_RATE_PER_MIN", keys),
             rate_burst=_float(env, "VIDPOLL_RATE_BURST", 0.0, minimum=1.0) or None,
             webhook_secret=env.get("SUME_WEBHOOK_SECRET", "").strip(),
-            webhook_tolerance_s=_float(env, "VIDPOLL_WEBHOOK_TOLERANCE_S", 300.0, minimum=1.0),
+            webhook_tolerance_s=tolerance,
             dashboard_token=env.get("VIDPOLL_DASHBOARD_TOKEN", "").strip(),
             prepared_statements=_on_off(env, "VIDPOLL_DB_PREPARE", True),
+            embedded=embedded_allowed(env),
+            events_retention_s=_retention(env, "VIDPOLL_EVENTS_RETENTION",
+                                          DEFAULT_EVENTS_RETENTION_S),
+            webhook_events_retention_s=_webhook_retention(env, tolerance),
         )
 
     def require_api_key(self, account: str = DEFAULT_ACCOUNT) -> str:
@@ -227,3 +296,29 @@ def _rates(env: Mapping[str, str], name: str, keys: Mapping[str, str]) -> dict[s
         elif base:
             rates[account] = _float(env, name, 0.0, minimum=0.001)
     return rates
+
+
+def _retention(env: Mapping[str, str], name: str, default: float | None) -> float | None:
+    raw = env.get(name, "").strip()
+    return parse_duration(raw, name) if raw else default
+
+
+def _webhook_retention(env: Mapping[str, str], tolerance_s: float) -> float | None:
+    name = "VIDPOLL_WEBHOOK_EVENTS_RETENTION"
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    value = check_webhook_retention(parse_duration(raw, name), tolerance_s, name)
+    return float("inf") if value is None else value
+
+
+def check_webhook_retention(value: float | None, tolerance_s: float,
+                            name: str) -> float | None:
+    """`value` if webhook events may be deleted that soon (None: never), else a ConfigError
+    saying why."""
+    replay = webhook_replay_s(tolerance_s)
+    if value is not None and value < replay:
+        raise ConfigError(f"{name} must be at least {replay:g}s (twice "
+                          "VIDPOLL_WEBHOOK_TOLERANCE_S): a delivery deleted sooner could be "
+                          "replayed and accepted as new")
+    return value

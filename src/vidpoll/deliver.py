@@ -9,8 +9,11 @@ same transaction as the terminal transition, so no crash can skip one):
 
 Each delivery is leased (the lease is the schedule) and extended while it runs, so a crash
 makes it due again and a long download is never taken over; every write is fenced on the
-lease's token. Failures retry with backoff up to MAX_DELIVERY_ATTEMPTS, then the delivery is
-marked failed (kept, shown by `vidpoll deliveries`, re-queued by `vidpoll deliveries retry`).
+lease's token. A hook never runs beside itself: an attempt whose lease could not be extended
+stops before the lease can lapse (by this process's clock), and a sync hook's thread, which
+cannot be stopped, is ended with its process (LeaseFence) before another worker can claim it.
+Failures retry with backoff up to MAX_DELIVERY_ATTEMPTS, then the delivery is marked failed
+(kept, shown by `vidpoll deliveries`, re-queued by `vidpoll deliveries retry`).
 Deliveries run in their own tasks with their own limit: a slow hook never stalls polling.
 """
 
@@ -20,11 +23,14 @@ import asyncio
 import contextlib
 import importlib
 import inspect
+import itertools
 import logging
 import os
 import random
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -35,7 +41,6 @@ from vidpoll.errors import ConfigError, DatabaseUnavailable, DiskError, Download
 from vidpoll.logs import event
 from vidpoll.media import MAX_MEDIA_URLS, media_urls, redact_urls
 from vidpoll.models import (
-    COMPLETED,
     DOWNLOAD,
     ClaimedDelivery,
     DeliveryOutcome,
@@ -60,6 +65,96 @@ EXPIRED_LINK_RETRY_S = 1.0
 MAX_ERROR_TEXT = 500
 BUSY_RETRY_S = 0.25
 """Floor of the sleep when deliveries are due but were not claimed: never a hot loop."""
+FENCE_MARGIN_MAX_S = 2.0
+"""An attempt whose lease was not extended in time stops this long (at most a sixth of the
+lease) before the lease could lapse; a hook still running half of it before, ends the process."""
+EXTEND_RETRY_S = 1.0
+"""After a failed heartbeat the next one is tried this soon (at most a third of the lease)."""
+LOST_LEASE_EXIT_CODE = 75
+"""The status of a process the fence ended (EX_TEMPFAIL: a supervisor should restart it)."""
+
+
+def fence_margin_s(lease_s: float) -> float:
+    """How long before its lease could lapse an attempt that could not extend it stops."""
+    return min(FENCE_MARGIN_MAX_S, lease_s / 6)
+
+
+@dataclass
+class HeldLease:
+    """A running delivery's lease as this process counts it: the database cannot end it before
+    `ends_at` (time.monotonic(), read before the statement that set it was sent)."""
+
+    ends_at: float
+
+
+class LeaseFence:
+    """Ends the process before a lease lapses under a hook that still runs.
+
+    A worker cut off from the database can neither extend its lease nor tell anyone its hook
+    still runs, and a thread cannot be stopped: once the lease lapses, another worker starts
+    the same hook beside it. So every running hook is held here with its lease; one that still
+    runs when its unextended lease is about to lapse ends the process (`os._exit`, which ends
+    the thread), before another worker can claim it. Its own thread, so a blocked event loop
+    cannot delay it; it runs only while something is held.
+    """
+
+    def __init__(self, margin_s: float, exit_process: Callable[[int], Any] = os._exit) -> None:
+        self._margin_s = margin_s
+        self._exit = exit_process
+        self._cond = threading.Condition()
+        self._held: dict[int, tuple[HeldLease, str]] = {}
+        self._ids = itertools.count()
+        self._watchdog: threading.Thread | None = None
+
+    def hold(self, lease: HeldLease, what: str) -> Callable[[], None]:
+        """Watch `lease` while `what` runs; call the function returned once it has ended (a
+        second call is harmless)."""
+        with self._cond:
+            key = next(self._ids)
+            self._held[key] = (lease, what)
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(target=self._watch, daemon=True,
+                                                  name="vidpoll-lease-fence")
+                self._watchdog.start()
+            self._cond.notify()
+
+        def release() -> None:
+            with self._cond:
+                self._held.pop(key, None)
+                self._cond.notify()
+
+        return release
+
+    @contextlib.contextmanager
+    def holding(self, lease: HeldLease, what: str) -> Iterator[None]:
+        """Hold `lease` while the block runs."""
+        release = self.hold(lease, what)
+        try:
+            yield
+        finally:
+            release()
+
+    def _watch(self) -> None:
+        with self._cond:
+            while self._held:
+                # ends_at only moves later (each heartbeat): a stale minimum wakes early, no harm
+                lease, what = min(self._held.values(), key=lambda held: held[0].ends_at)
+                left = lease.ends_at - self._margin_s / 2 - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                # said from a thread of its own, waited for briefly: a log that blocks (a full
+                # stderr pipe) must not hold the exit past the lease
+                said = threading.Thread(target=log.critical, daemon=True, args=(
+                    "%s still runs, and its lease could not be extended (is the database "
+                    "reachable?): ending this process (exit %d) before the lease lapses, so "
+                    "that no other worker runs it beside this one", what,
+                    LOST_LEASE_EXIT_CODE))
+                said.start()
+                said.join(self._margin_s / 4)
+                self._exit(LOST_LEASE_EXIT_CODE)
+                break  # only an injected exit returns
+            self._watchdog = None
 
 
 def hook_consumer(name: str) -> str:
@@ -177,6 +272,9 @@ class Deliverer(Runner):
         self._hook_threads = ThreadPoolExecutor(
             max_workers=max(1, config.concurrency * len(config.hooks)),
             thread_name_prefix="vidpoll-hook")
+        self._fence = LeaseFence(fence_margin_s(config.lease_s))
+        self._abandoned: set[asyncio.Task[bool]] = set()
+        """Heartbeats given up on while in flight (held here until they end)."""
         if not self.consumers:
             raise ConfigError("a Deliverer needs a hook or a download directory")
 
@@ -265,12 +363,13 @@ class Deliverer(Runner):
             free = self.config.concurrency - self._running[consumer]
             if free <= 0 or self._stopping.is_set():
                 continue
+            sent = time.monotonic()  # before the claim left: its lease ends no sooner than this
             for claim in await self.store.claim_deliveries(consumer, free,
                                                            self.config.lease_s):
                 claimed += 1
                 self._running[consumer] += 1
                 self._inflight += 1
-                self._spawn(self._deliver(claim))
+                self._spawn(self._deliver(claim, HeldLease(sent + self.config.lease_s)))
         return claimed
 
     async def _idle_delay(self, claimed: int) -> float | None:
@@ -295,20 +394,22 @@ class Deliverer(Runner):
         return min(cfg.idle_max_s, max(due_in + 0.005, BUSY_RETRY_S))
 
     # -- one delivery -----------------------------------------------------------------------
-    async def _deliver(self, claim: ClaimedDelivery) -> None:
-        """One attempt under a lease that a heartbeat extends; if the lease is lost (a long
-        database outage, say) the attempt is cancelled and nothing is recorded."""
+    async def _deliver(self, claim: ClaimedDelivery, lease: HeldLease) -> None:
+        """One attempt under a lease that a heartbeat extends; if the lease is lost, or could
+        not be extended in time (a database outage, say), the attempt is cancelled before the
+        lease can lapse and nothing is recorded."""
         job_id = claim.job.job_id
-        attempt = asyncio.create_task(self._attempt(claim))
+        attempt = asyncio.create_task(self._attempt(claim, lease))
         self._attempts[attempt] = claim.consumer
-        keeper = asyncio.create_task(self._keep_lease(claim))
+        keeper = asyncio.create_task(self._keep_lease(claim, lease))
         try:
             await asyncio.wait({attempt, keeper}, return_when=asyncio.FIRST_COMPLETED)
-            if not attempt.done():  # the heartbeat ended: the lease is someone else's now
+            if not attempt.done():  # the heartbeat ended: the lease is, or may soon be, lost
                 attempt.cancel()
                 await asyncio.wait({attempt})
-                log.warning("job %s: lost the lease of %s; this attempt was stopped and its "
-                            "outcome dropped", job_id, claim.consumer)
+                log.warning("job %s: the lease of %s %s; this attempt was stopped and its "
+                            "outcome dropped (due again when the lease ends)", job_id,
+                            claim.consumer, keeper.result())
                 return
             keeper.cancel()
             if attempt.cancelled():
@@ -342,19 +443,57 @@ class Deliverer(Runner):
             await asyncio.wait({attempt, keeper})
             await self.signals.pulse()
 
-    async def _keep_lease(self, claim: ClaimedDelivery) -> None:
-        """Extend the lease every third of it; return only when it is lost."""
+    async def _keep_lease(self, claim: ClaimedDelivery, lease: HeldLease) -> str:
+        """Extend the lease every third of it; return (why) only when it is lost, or when no
+        extension got through and it could lapse within fence_margin_s: the attempt must
+        stop then, since another worker may claim it the moment it lapses."""
         lease_s = self.config.lease_s
-        while True:
-            await asyncio.sleep(lease_s / 3)
-            try:
-                if not await self.store.extend_delivery(claim, lease_s):
-                    return
-            except Exception as exc:  # a blip: the next beat tries again before it lapses
-                log.warning("job %s: could not extend the lease of %s (%s)",
-                            claim.job.job_id, claim.consumer, type(exc).__name__)
+        beat_s = lease_s / 3
+        next_beat = lease.ends_at - lease_s + beat_s
+        extending: asyncio.Task[bool] | None = None
+        sent = 0.0
+        try:
+            while True:
+                stop_at = lease.ends_at - fence_margin_s(lease_s)
+                now = time.monotonic()
+                if now >= stop_at:
+                    return (f"could not be extended for {now - lease.ends_at + lease_s:.1f}s "
+                            "and was about to lapse")
+                if extending is None:
+                    if now < next_beat:
+                        await asyncio.sleep(min(next_beat, stop_at) - now)
+                        continue
+                    sent = time.monotonic()
+                    extending = asyncio.create_task(self.store.extend_delivery(claim, lease_s))
+                # waited for, never past stop_at, and not by cancelling it: a statement on a
+                # dead connection can hang, and psycopg's cancellation itself waits seconds
+                await asyncio.wait({extending}, timeout=stop_at - time.monotonic())
+                if not extending.done():
+                    continue
+                done, extending = extending, None
+                try:
+                    kept = done.result()
+                except Exception as exc:  # a blip: try again soon, while the lease lasts
+                    log.warning("job %s: could not extend the lease of %s (%s)",
+                                claim.job.job_id, claim.consumer, type(exc).__name__)
+                    next_beat = time.monotonic() + min(beat_s, EXTEND_RETRY_S)
+                    continue
+                if not kept:
+                    return "was lost (another worker holds it, or it was removed)"
+                lease.ends_at = sent + lease_s
+                next_beat = sent + beat_s
+        finally:
+            if extending is not None:  # left to end on its own time, its outcome unread
+                extending.cancel()
+                self._abandoned.add(extending)
+                extending.add_done_callback(self._forget_abandoned)
 
-    async def _attempt(self, claim: ClaimedDelivery) -> DeliveryOutcome:
+    def _forget_abandoned(self, task: asyncio.Task[bool]) -> None:
+        self._abandoned.discard(task)
+        if not task.cancelled():
+            task.exception()  # read, so it is not reported as never retrieved
+
+    async def _attempt(self, claim: ClaimedDelivery, lease: HeldLease) -> DeliveryOutcome:
         """Run the delivery once and say what to record; never raises but CancelledError."""
         if claim.attempts > self.config.max_attempts:
             # past its tries without ever recording one (it crashed the process each time?)
@@ -363,33 +502,30 @@ class Deliverer(Runner):
         try:
             if claim.consumer == DOWNLOAD:
                 return await self._download(claim)
-            return await self._run_hook(claim)
+            return await self._run_hook(claim, lease)
         except Exception as exc:
             return self._retry(claim, f"{type(exc).__name__}: {exc}")
 
-    async def _run_hook(self, claim: ClaimedDelivery) -> DeliveryOutcome:
+    async def _run_hook(self, claim: ClaimedDelivery, lease: HeldLease) -> DeliveryOutcome:
         name = claim.consumer.removeprefix("hook:")
         hook = self.config.hooks[name]
         job = claim.job
         timeout_s = self.config.hook_timeout_s
         deadline: asyncio.Timeout | None = None
+        what = f"job {job.job_id}: hook {name}"
         try:
             if inspect.iscoroutinefunction(hook):
-                async with asyncio.timeout(timeout_s) as deadline:
-                    await hook(job)
-            else:
-                # a thread cannot be stopped: past the timeout it is reported, and waited for
-                # (lease kept), since a second run beside it would be worse
-                loop = asyncio.get_running_loop()
-                running = loop.run_in_executor(self._hook_threads, hook, job)
-                done, _ = await asyncio.wait({running}, timeout=timeout_s)
-                if not done:
-                    log.error("job %s: hook %s still running after %gs; waiting for it (a "
-                              "thread cannot be stopped)", job.job_id, name, timeout_s)
-                returned = await running
-                if inspect.isawaitable(returned):
+                # held while it runs: one that ignores its cancellation (or blocks the event
+                # loop) past its lease ends the process too
+                with self._fence.holding(lease, what):
                     async with asyncio.timeout(timeout_s) as deadline:
-                        await returned
+                        await hook(job)
+            else:
+                returned = await self._in_thread(hook, job, lease, what)
+                if inspect.isawaitable(returned):
+                    with self._fence.holding(lease, what):
+                        async with asyncio.timeout(timeout_s) as deadline:
+                            await returned
         except TimeoutError as exc:
             if deadline is not None and deadline.expired():
                 return self._retry(claim, f"the hook ran longer than {timeout_s:g}s")
@@ -401,6 +537,33 @@ class Deliverer(Runner):
                              outcome="done"))
         return self._outcome(claim, "done")
 
+    async def _in_thread(self, hook: Hook, job: Job, lease: HeldLease, what: str) -> Any:
+        """Call a sync hook in a thread of its own, held in the fence until the thread itself
+        ends (not this coroutine: it may be cancelled while the thread runs on). A thread
+        cannot be stopped: past the timeout it is reported and waited for (lease kept), since
+        a second run beside it would be worse."""
+        timeout_s = self.config.hook_timeout_s
+        release = self._fence.hold(lease, f"{what} (in its thread)")
+        try:
+            thread = self._hook_threads.submit(hook, job)
+        except BaseException:
+            release()
+            raise
+        thread.add_done_callback(lambda _: release())
+        running = asyncio.wrap_future(thread)
+        try:
+            done, _ = await asyncio.wait({running}, timeout=timeout_s)
+            if not done:
+                log.error("%s still running after %gs; waiting for it (a thread cannot be "
+                          "stopped)", what, timeout_s)
+            return await running
+        except asyncio.CancelledError:
+            if not thread.done():
+                log.warning("%s still runs in its thread and its lease is no longer extended: "
+                            "unless it ends first, this process ends before the lease can "
+                            "lapse", what)
+            raise
+
     def _hook_failed(self, claim: ClaimedDelivery, name: str, exc: Exception
                      ) -> DeliveryOutcome:
         # the message only, URLs shown bare: a traceback's text could carry a signed URL
@@ -411,7 +574,7 @@ class Deliverer(Runner):
     async def _download(self, claim: ClaimedDelivery) -> DeliveryOutcome:
         job = claim.job
         assert self.downloader is not None
-        if job.state != COMPLETED or job.result is None or job.result_state != "fetched":
+        if not job.succeeded or job.result is None or job.result_state != "fetched":
             why = ("its result could not be fetched" if job.result_state == "failed"
                    else "it has no result")
             return self._outcome(claim, "failed", error=f"nothing to download: {why}")

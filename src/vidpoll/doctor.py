@@ -1,5 +1,6 @@
 """`vidpoll doctor`: what the database's own statistics say about vidpoll's tables, as findings
 with a fix each. Pure: `diagnose` reads the report `PgStore.doctor()` collects, no I/O.
+The last finding says which database it is: DATABASE_URL's, or the embedded one (a warning).
 
 The checks are the classic failures of Postgres queues: a claim query that stopped using its
 partial index, dead rows piling up (autovacuum off or held back), a bloated hot index, an old
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -43,9 +45,23 @@ class Finding:
     fix: str = ""
 
 
-def diagnose(report: dict[str, Any], latest_schema: int) -> list[Finding]:
-    """Every check, in the order an operator would look."""
-    return list(_checks(report, latest_schema))
+def diagnose(report: dict[str, Any], latest_schema: int,
+             embedded_pgdata: Path | None = None) -> list[Finding]:
+    """Every check, in the order an operator would look. `embedded_pgdata`: the data
+    directory of the embedded PostgreSQL when that is the database (DATABASE_URL unset)."""
+    return [*_checks(report, latest_schema), database_finding(embedded_pgdata)]
+
+
+def database_finding(embedded_pgdata: Path | None) -> Finding:
+    """Which database this is: DATABASE_URL's, or the private embedded one (a warning: jobs
+    recorded there are seen by no worker on another machine)."""
+    if embedded_pgdata is None:
+        return Finding("database", OK, "DATABASE_URL")
+    return Finding("database", WARN, f"DATABASE_URL is unset: the embedded PostgreSQL in "
+                   f"{embedded_pgdata}, private to this machine (no worker elsewhere sees "
+                   "its jobs)", "set DATABASE_URL to the server your workers use; "
+                   "VIDPOLL_EMBEDDED=off (or --no-embedded) makes every command refuse the "
+                   "fallback")
 
 
 def _checks(report: dict[str, Any], latest: int) -> Iterator[Finding]:

@@ -5,7 +5,11 @@ It implements the seed's contract (`POST /v1/videos`, `GET /v1/jobs/{id}/status`
 shows: latency, 5xx, 429/503 with Retry-After, hangs past the client timeout, malformed and
 HTML bodies, 404 right after creation, upper-case statuses; and on creates: 5xx before or
 after billing, 429, lost replies (billed, then silence), 402 when credits run out, 422 for an
-invalid request or a reused key, and a cap on renders running at once. Tests can script the
+invalid request or a reused key, and a cap on renders running at once; optionally, as real
+providers may: limits and credits checked before the Idempotency-Key lookup, keys that expire,
+and creates that go on (and bill) after the client disconnected. Status answers come
+in the seed's bare shape or in the enveloped shapes Sume's CLI reads (no `terminal` flag, any
+letter case, other words), per fake or per job. Tests can script the
 exact answers one job (or one key's POSTs) gives, and read counters (reads per job, overlapping
 reads, POSTs and clips billed per key, overlapping POSTs of one key, peak renders running).
 """
@@ -31,6 +35,13 @@ from vidpoll.media import job_path_segment
 from vidpoll.webhook import sign
 
 TERMINAL = ("completed", "failed", "canceled", "expired")
+STATUS_SHAPES = ("seed", "data", "data.sume_status", "data.job", "job", "status")
+"""How a status answer is laid out (SUME_API.md, "Two shapes of the status answer"): `seed` is
+the seed's bare `{terminal, sume_status, next_poll_after_seconds}`; the others are the shapes
+Sume's CLI reads and its tests mock, with no `terminal` flag: the word under `data.status`,
+`data.sume_status`, `data.job.status`, `job.status`, or a top-level `status`, beside
+`request_id`, `status_url`/`result_url`, `result_ready`, `next_action` and `usage`."""
+STATUS_CASES = ("as_is", "lower", "upper", "title", "random")
 
 
 @dataclass
@@ -56,6 +67,13 @@ class FakeConfig:
     not_found_for_s: float = 0.0
     uppercase: bool = False
     auto_create: bool = False
+    status_shape: str = "seed"
+    """One of STATUS_SHAPES, for every job not given its own (add_job(shape=...))."""
+    status_words: dict[str, str] = field(default_factory=dict)
+    """The word sent for each of the fake's states, where it is not the state's own name:
+    e.g. {"completed": "succeeded", "canceled": "cancelled", "failed": "error"}."""
+    status_case: str = "as_is"
+    """Letter case of the word: one of STATUS_CASES (random: a new pick on every read)."""
     # creates (POST /v1/videos); each rate is a probability per POST that is not a replay
     create_fail_5xx: float = 0.0
     """500 before anything is billed."""
@@ -68,6 +86,19 @@ class FakeConfig:
     """Renders the account can still pay for; then 402 insufficient_credits."""
     max_concurrent: int | None = None
     """Renders that may run at once; beyond it 429 concurrency_limit_exceeded."""
+    limits_before_key: bool = False
+    """Check the create rate, the request, the concurrency cap and the credits BEFORE the
+    Idempotency-Key lookup, as real providers may: a re-send of a key already billed then
+    answers 402 insufficient_credits while credits are out (and 429 while at the cap)."""
+    key_ttl_s: float | None = None
+    """An Idempotency-Key is remembered this long after the render it started; a re-send
+    after that is a new request (a second render, billed again). None: forever."""
+    create_keeps_running: bool = False
+    """A create keeps running after the client disconnected (a timeout): it still bills and
+    starts the render, and its answer goes to nobody."""
+    create_bill_s: float = 0.0
+    """Seconds a create works before it bills (with create_keeps_running and a shorter client
+    timeout: the reply is lost, the render billed anyway)."""
     # per-key rate limits, token buckets as a provider would run them: beyond them 429 with
     # Retry-After; every answer then carries RateLimit-Limit/-Remaining/-Reset (and X-*)
     read_rate_per_s: float | None = None
@@ -108,6 +139,11 @@ class FakeJob:
     outcome: str
     idempotency_key: str | None = None
     script: list[dict[str, Any]] = field(default_factory=list)
+    shape: str | None = None
+    """This job's status shape (STATUS_SHAPES); None: the config's."""
+    words: dict[str, str] | None = None
+    """This job's words for its states; None: the config's."""
+    case: str | None = None
 
 
 class FakeSume:
@@ -135,6 +171,15 @@ class FakeSume:
         self.concurrency_refusals = 0
         self.create_script: dict[str, list[str]] = {}
         self.payloads: dict[str, Any] = {}
+        self.key_born: dict[str, float] = {}
+        """Monotonic time each key's render was billed (keys expire after key_ttl_s)."""
+        self.refusals_of_billed_keys: Counter[str] = Counter()
+        """Refusals (402/429/422) answered to re-sends of keys that had already billed."""
+        self.orphaned_creates = 0
+        """Creates that finished after their client had disconnected."""
+        self._create_tasks: set[asyncio.Task[web.StreamResponse]] = set()
+        self._creating: set[str] = set()
+        """Keys whose first create is still at work (create_bill_s): a re-send gets 409."""
         self.on_create: Callable[[str | None], Awaitable[None]] | None = None
         self.terminal_at: dict[str, float] = {}
         """Wall-clock time each job reaches its terminal state (detection-delay benchmarks)."""
@@ -156,16 +201,23 @@ class FakeSume:
     # -- test helpers -------------------------------------------------------------------
     def add_job(self, job_id: str | None = None, *, outcome: str | None = None,
                 render_s: float | None = None, queued_s: float | None = None,
-                script: list[dict[str, Any]] | None = None) -> str:
-        """Create a job directly (no billing); `script` fixes its answers one read at a time."""
+                script: list[dict[str, Any]] | None = None, shape: str | None = None,
+                words: dict[str, str] | None = None, case: str | None = None) -> str:
+        """Create a job directly (no billing); `script` fixes its answers one read at a time;
+        `shape`, `words` and `case` choose how its status answers look (else the config's)."""
         job_id = job_id or f"vid_{uuid.uuid4().hex[:20]}"
         cfg = self.config
         if render_s is None:
             render_s = cfg.render_s * self.rng.uniform(1 - cfg.render_jitter,
                                                        1 + cfg.render_jitter)
+        if shape is not None and shape not in STATUS_SHAPES:
+            raise ValueError(f"unknown status shape {shape!r}; one of {STATUS_SHAPES}")
+        if case is not None and case not in STATUS_CASES:
+            raise ValueError(f"unknown status case {case!r}; one of {STATUS_CASES}")
         job = FakeJob(job_id, time.monotonic(), cfg.queued_s if queued_s is None else queued_s,
                       max(0.0, render_s), outcome or self._pick_outcome(),
-                      script=list(script or []))
+                      script=list(script or []), shape=shape,
+                      words=None if words is None else dict(words), case=case)
         self.jobs[job_id] = job
         self.terminal_at[job_id] = time.time() + job.queued_s + job.render_s
         if cfg.webhook_url:
@@ -289,11 +341,27 @@ class FakeSume:
             if self.creates_in_flight[key] > 1:
                 # two POSTs with one key in flight at once: what submitters must never do
                 self.create_overlaps += 1
+        counted = key
         try:
-            return await self._create(request, key)
+            if not self.config.create_keeps_running:
+                return await self._create(request, key)
+            # like a real server's worker: the client going away does not stop the work
+            task = asyncio.create_task(self._create(request, key))
+            self._create_tasks.add(task)
+            task.add_done_callback(self._create_tasks.discard)
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:
+                # the client gave up: its POST is no longer "in flight" (a re-send now is no
+                # overlap), while the work goes on in `task`
+                self.orphaned_creates += 1
+                if key:
+                    self.creates_in_flight[key] -= 1
+                    counted = None
+                raise
         finally:
-            if key:
-                self.creates_in_flight[key] -= 1
+            if counted:
+                self.creates_in_flight[counted] -= 1
 
     async def _create(self, request: web.Request, key: str | None) -> web.StreamResponse:
         cfg = self.config
@@ -311,6 +379,17 @@ class FakeSume:
         self.create_times.append(time.monotonic())
         if key:
             self.create_order.append(key)
+        if cfg.limits_before_key:
+            refused = self._create_checks(request, payload)
+            if refused is not None:
+                if key and key in self.by_key:
+                    self.refusals_of_billed_keys[key] += 1
+                return refused
+        if key and key in self.by_key and cfg.key_ttl_s is not None and (
+                time.monotonic() - self.key_born.get(key, 0.0) > cfg.key_ttl_s):
+            # the provider forgot the key: this is a new request now
+            del self.by_key[key]
+            self.payloads.pop(key, None)
         if key and key in self.by_key:
             if self.payloads.get(key) != payload:
                 return self._error(422, "idempotency_key_reused",
@@ -318,11 +397,16 @@ class FakeSume:
             self.answers[202] += 1
             job_id = self.by_key[key]
             return web.json_response({"job_id": job_id, "status": "queued"}, status=202)
+        if key and key in self._creating:
+            # the first request with this key is still at work: a provider locks its keys
+            return self._error(409, "idempotency_key_in_use",
+                               "a request with this Idempotency-Key is in progress")
         if self.on_create is not None:
             await self.on_create(key)  # tests: look at the database before anything is billed
-        refused, _ = self._limit(request, "create")
-        if refused is not None:
-            return refused
+        if not cfg.limits_before_key:
+            refused, _ = self._limit(request, "create")
+            if refused is not None:
+                return refused
         fault = self._create_fault(key)
         if fault:
             self.faults["create_" + fault] += 1
@@ -331,21 +415,27 @@ class FakeSume:
         if fault == "429":
             return self._error(429, "rate_limit_exceeded", "slow down",
                                {"Retry-After": f"{cfg.retry_after_s:g}"})
-        prompt = payload.get("prompt")
-        if not isinstance(prompt, str) or not prompt.strip():
-            return self._error(422, "invalid_request", "'prompt' must be a non-empty string")
-        if cfg.max_concurrent is not None and self.running() >= cfg.max_concurrent:
-            self.concurrency_refusals += 1
-            return self._error(429, "concurrency_limit_exceeded",
-                               f"at most {cfg.max_concurrent} generations at once",
-                               {"Retry-After": f"{cfg.retry_after_s:g}"})
-        if cfg.credits is not None and cfg.credits <= 0:
-            return self._error(402, "insufficient_credits", "not enough credits for this job")
+        if not cfg.limits_before_key:
+            refused = self._create_checks(request, payload, rate_checked=True)
+            if refused is not None:
+                return refused
+        if cfg.create_bill_s > 0:
+            if key:
+                self._creating.add(key)
+            try:
+                await asyncio.sleep(cfg.create_bill_s)
+            finally:
+                if key:
+                    self._creating.discard(key)
+            if cfg.credits is not None and cfg.credits <= 0:  # spent meanwhile
+                return self._error(402, "insufficient_credits",
+                                   "not enough credits for this job")
         job_id = self.add_job()
         self.jobs[job_id].idempotency_key = key
         if key:
             self.by_key[key] = job_id
             self.payloads[key] = payload
+            self.key_born[key] = time.monotonic()
             self.billed_by_key[key] += 1
         self.billed += 1
         if cfg.credits is not None:
@@ -357,6 +447,27 @@ class FakeSume:
             await asyncio.sleep(cfg.hang_s)
         self.answers[202] += 1
         return web.json_response({"job_id": job_id, "status": "queued"}, status=202)
+
+    def _create_checks(self, request: web.Request, payload: dict[str, Any],
+                       rate_checked: bool = False) -> web.Response | None:
+        """The create's own checks (rate, request, concurrency cap, credits): the refusal to
+        send, or None. Run before the key lookup with limits_before_key, else after it."""
+        cfg = self.config
+        if not rate_checked:
+            refused, _ = self._limit(request, "create")
+            if refused is not None:
+                return refused
+        prompt = payload.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            return self._error(422, "invalid_request", "'prompt' must be a non-empty string")
+        if cfg.max_concurrent is not None and self.running() >= cfg.max_concurrent:
+            self.concurrency_refusals += 1
+            return self._error(429, "concurrency_limit_exceeded",
+                               f"at most {cfg.max_concurrent} generations at once",
+                               {"Retry-After": f"{cfg.retry_after_s:g}"})
+        if cfg.credits is not None and cfg.credits <= 0:
+            return self._error(402, "insufficient_credits", "not enough credits for this job")
+        return None
 
     def _create_fault(self, key: str | None) -> str | None:
         """The fault for this POST: the key's script first, then the configured rates."""
@@ -434,13 +545,66 @@ class FakeSume:
     def _answer(self, job: FakeJob, status: str | None = None) -> web.Response:
         status = status or self._status_of(job)
         terminal = status in TERMINAL
-        body: dict[str, Any] = {"job_id": job.job_id,
-                                "sume_status": status.upper() if self.config.uppercase else status,
-                                "terminal": terminal}
-        if not terminal and self.config.next_poll_after_s is not None:
-            body["next_poll_after_seconds"] = self.config.next_poll_after_s
+        word = self._word(job, status)
+        hint = None if terminal else self.config.next_poll_after_s
+        shape = job.shape or self.config.status_shape
+        body: dict[str, Any]
+        if shape == "seed":
+            body = {"job_id": job.job_id, "sume_status": word, "terminal": terminal}
+            if hint is not None:
+                body["next_poll_after_seconds"] = hint
+        else:
+            body = self._enveloped(job, status, word, shape, hint)
         self.answers[200] += 1
         return web.json_response(body)
+
+    def _word(self, job: FakeJob, status: str) -> str:
+        """The word this job's answers use for `status`, in its letter case."""
+        cfg = self.config
+        word = (job.words if job.words is not None else cfg.status_words).get(status, status)
+        case = job.case or cfg.status_case
+        if case == "as_is" and cfg.uppercase:
+            case = "upper"
+        if case == "random":
+            case = self.rng.choice(("lower", "upper", "title"))
+        if case == "lower":
+            return word.lower()
+        if case == "upper":
+            return word.upper()
+        if case == "title":
+            return word.title()
+        return word
+
+    def _enveloped(self, job: FakeJob, status: str, word: str, shape: str,
+                   hint: float | None) -> dict[str, Any]:
+        """A status answer as Sume's CLI reads it: no `terminal` flag, the word in `shape`."""
+        if shape not in STATUS_SHAPES:
+            raise ValueError(f"unknown status shape {shape!r}; one of {STATUS_SHAPES}")
+        done = status == "completed"
+        ended = status in TERMINAL
+        fields: dict[str, Any] = {
+            "id": job.job_id,
+            "progress": 1.0 if ended else 0.0 if status == "queued" else 0.5,
+            "result_ready": done,
+            "next_action": "fetch_result" if done else "none" if ended else "poll",
+            "usage": {"reserved": 0 if ended else 1, "captured": 1 if done else 0,
+                      "refunded": 1 if ended and not done else 0}}
+        if hint is not None:
+            fields["next_poll_after_seconds"] = hint
+        path = f"/v1/jobs/{job_path_segment(job.job_id)}"
+        links = {"status_url": f"{path}/status", "result_url": f"{path}/result"}
+        request_id = f"req_{uuid.uuid4().hex[:16]}"
+        if shape == "data":
+            return {"data": {**fields, "status": word, **links}, "request_id": request_id}
+        if shape == "data.sume_status":
+            return {"data": {**fields, "sume_status": word, **links}, "request_id": request_id}
+        if shape == "data.job":
+            return {"data": {"job": {**fields, "status": word}, **links},
+                    "request_id": request_id}
+        if shape == "job":
+            return {"job": {**fields, "status": word}, **links, "request_id": request_id}
+        return {**fields, "job_id": job.job_id, "status": word, **links,
+                "request_id": request_id}
 
     async def _fault(self, fault: str) -> web.StreamResponse:
         cfg = self.config

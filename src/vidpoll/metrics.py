@@ -32,7 +32,8 @@ CLAIM_BATCH = Histogram("vidpoll_claim_batch_size", "Rows per claim statement.",
 IN_FLIGHT = Gauge("vidpoll_reads_in_flight", "Status reads waiting for Sume now.",
                   registry=REGISTRY)
 SUBMISSIONS = Counter("vidpoll_submissions_total", "POSTs of intents by outcome: submitted, "
-                      "queued (retried later) or rejected.", ["account", "outcome"],
+                      "queued (retried later), unknown (refused or unanswered after a lost "
+                      "reply: retried slowly) or rejected.", ["account", "outcome"],
                       registry=REGISTRY)
 RESULT_FETCHES = Counter("vidpoll_result_fetches_total", "Result fetches by outcome.",
                          ["outcome"], registry=REGISTRY)

@@ -25,6 +25,11 @@ LOCAL_TERMINAL_STATES = frozenset({NOT_FOUND, GAVE_UP})
 COMPLETED = "completed"
 """Sume's terminal state of a render that produced a video."""
 
+SUCCESS_STATES = frozenset({"complete", COMPLETED, "success", "succeeded"})
+"""Terminal words of a render that produced a video. The state is the provider's own word
+lower-cased (`succeeded` stays `succeeded`); each of these gets its result fetched, its
+download and exit code 0 from `wait`."""
+
 QUEUED = "queued"
 """An intent not yet accepted by Sume: never sent, or sent with an unknown outcome."""
 
@@ -33,6 +38,14 @@ SUBMITTED = "submitted"
 
 REJECTED = "rejected"
 """An intent Sume refused for good (402, 422, ...): never retried automatically."""
+
+UNKNOWN = "unknown"
+"""An intent Sume refused after an earlier attempt's outcome was unknown (a lost reply): a
+render may be billed, so it is sent again with the same key on a slow schedule until Sume
+answers with a job or an operator settles it (`intents resolve`)."""
+
+UNKNOWN_RESEND_MAX_S = 120.0
+"""An `unknown` intent is sent again at least this often (a top-up then brings its job back)."""
 
 
 class ClaimMode(enum.StrEnum):
@@ -110,6 +123,10 @@ class ClaimedIntent:
     attempts: int
     consecutive_errors: int
     account: str = "default"
+    state: str = QUEUED
+    """QUEUED or UNKNOWN (a refused intent whose earlier outcome was unknown)."""
+    outcome_unknown: bool = False
+    """An earlier attempt's outcome was unknown: a refusal now is no proof nothing was billed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,14 +149,20 @@ class Intent:
     error_code: str | None = None
     error_message: str | None = None
     account: str = "default"
+    unknown_outcome_at: datetime | None = None
+    """When an attempt's outcome was first unknown (None: every answer so far was clear)."""
+    resolution: str | None = None
+    """How an operator settled it: 'job' (billed, job_id) or 'not_billed'; None if not."""
+    resolved_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class SubmitOutcome:
     """What to write for one POST attempt; produced by policy, applied by the store.
 
-    `state` is SUBMITTED (with job_id), REJECTED (with error_code/error_message) or QUEUED
-    (retry the same key after `delay_s`).
+    `state` is SUBMITTED (with job_id), REJECTED (with error_code/error_message), QUEUED
+    (retry the same key after `delay_s`) or UNKNOWN (refused, or unanswered again, after an
+    earlier unknown outcome: sent again with the same key after `delay_s`).
     """
 
     key: str
@@ -195,6 +218,11 @@ class Outcome:
         """True when this outcome takes the row out of polling."""
         return self.state != PENDING
 
+    @property
+    def succeeded(self) -> bool:
+        """True when the render ended with a video (its result is then fetched)."""
+        return self.state in SUCCESS_STATES
+
 
 @dataclass(frozen=True, slots=True)
 class Job:
@@ -220,6 +248,12 @@ class Job:
     def is_final(self) -> bool:
         """True once the job is no longer polled."""
         return self.state != PENDING
+
+    @property
+    def succeeded(self) -> bool:
+        """True when the render ended with a video (`completed`, `succeeded`, ...: the state
+        is the provider's own word)."""
+        return self.state in SUCCESS_STATES
 
     @property
     def result_settled(self) -> bool:

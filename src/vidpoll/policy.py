@@ -24,6 +24,9 @@ from vidpoll.models import (
     QUEUED,
     REJECTED,
     SUBMITTED,
+    SUCCESS_STATES,
+    UNKNOWN,
+    UNKNOWN_RESEND_MAX_S,
     ClaimedIntent,
     ClaimedJob,
     ClaimedResult,
@@ -39,6 +42,16 @@ MAX_JOB_ID_LEN = 1024
 """Bytes of a job id in UTF-8 (its percent-encoded URL then fits any server's request line)."""
 MAX_KEY_LEN = 255
 IN_PROGRESS_STATUSES = frozenset({"queued", "running", "processing", "pending", "submitted"})
+"""Status words that mean "not done yet": read without a `terminal` flag, they keep the row
+polled like any unknown word, but the worker logs only the words outside this set."""
+SUCCESS_STATUSES = SUCCESS_STATES
+"""Words that end a job with a video. The state is the word itself, lower-cased, as for every
+terminal word (the contract: the provider's word is the state); each of them gets its result
+fetched, its download and exit 0 from `wait` (`Outcome.succeeded`, `Job.succeeded`)."""
+ENDED_STATUSES = frozenset({"canceled", "cancelled", "error", "errored", "failed", "expired"})
+"""Words that end a job without a video (the CLI's, plus `expired`, which the CLI forgets)."""
+TERMINAL_STATUSES = SUCCESS_STATUSES | ENDED_STATUSES
+"""The words that end a job when the answer carries no `terminal` flag."""
 MAX_ERROR_TEXT = 500
 
 
@@ -56,6 +69,8 @@ class PollPolicy:
     not_found_min_tries_when_old: int = 3
     max_age_s: float = 48 * 3600.0
     auth_backoff_max_s: float = 300.0
+    unknown_resend_s: float = 60.0
+    """How often an `unknown` intent is sent again (never less often than every 2 minutes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +280,57 @@ def _request_id(body: dict[str, Any] | None, answer: HttpAnswer) -> str | None:
     return answer.request_id
 
 
+@dataclass(frozen=True, slots=True)
+class StatusRead:
+    """What a 200 status answer says, whichever of Sume's two shapes it came in."""
+
+    terminal: bool | None
+    """The `terminal` flag, None when no holder carries a boolean one."""
+    word: str | None
+    """The status word, stripped and lower-cased; None when there is none."""
+    next_poll_after: Any
+    """The raw `next_poll_after_seconds` hint (None when absent)."""
+
+
+def _holders(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    """The objects a status answer keeps its fields in, nearest the job first: `data.job`,
+    `job`, `data`, then the top."""
+    data = body.get("data")
+    data = data if isinstance(data, dict) else {}
+    found = (data.get("job"), body.get("job"), data)
+    return (*(h for h in found if isinstance(h, dict) and h), body)
+
+
+def _word(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return None
+    word = value.strip().lower()
+    return word or None
+
+
+def read_status(body: dict[str, Any]) -> StatusRead:
+    """Read the flag, the word and the hint of a status answer in either shape.
+
+    The seed's bare `{terminal, sume_status, next_poll_after_seconds}`, or the enveloped one
+    Sume's CLI reads (fields under `data`, `data.job` or `job`, often no `terminal`). The
+    flag, the hint and the seed's `sume_status` are looked for at the top first, then under
+    data.job, job and data; then `status`, nearest the job first (data.job, job, data, top):
+    a top-level `status` may describe the envelope ("ok", "success") rather than the job, so
+    it counts only when nothing nearer the job carries a word. A flag that is not a boolean
+    is no flag (the word decides).
+    """
+    nearest = _holders(body)
+    seed_first = (body, *nearest[:-1])  # the seed's own fields live at the top
+    terminal = next((h["terminal"] for h in seed_first if isinstance(h.get("terminal"), bool)),
+                    None)
+    word = next((w for w in (_word(h.get("sume_status")) for h in seed_first) if w), None)
+    if word is None:
+        word = next((w for w in (_word(h.get("status")) for h in nearest) if w), None)
+    hint = next((h["next_poll_after_seconds"] for h in seed_first
+                 if h.get("next_poll_after_seconds") is not None), None)
+    return StatusRead(terminal, word, hint)
+
+
 def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolicy,
            rng: random.Random) -> Outcome | AuthPause:
     """Classify one status read and say what the row becomes."""
@@ -312,11 +378,16 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
 
     if body is None:
         return error(ErrorClass.MALFORMED, f"HTTP {status} body is not a JSON object")
-    terminal = body.get("terminal")
-    raw_status = body.get("sume_status")
-    if not isinstance(terminal, bool):
-        return error(ErrorClass.MALFORMED, "field 'terminal' missing or not a boolean")
-    provider_status = raw_status.strip().lower() if isinstance(raw_status, str) else None
+    read = read_status(body)
+    provider_status = read.word
+    terminal = read.terminal
+    if terminal is None:
+        if provider_status is None:
+            return error(ErrorClass.MALFORMED, "no boolean 'terminal' and no status word "
+                         "('sume_status' or 'status', at the top or under 'data', "
+                         "'data.job' or 'job')")
+        # no flag: the word decides, as Sume's CLI does; an unknown word keeps polling
+        terminal = provider_status in TERMINAL_STATUSES
     if terminal:
         if not provider_status or provider_status == PENDING:
             return error(ErrorClass.MALFORMED, "terminal answer without a usable 'sume_status'")
@@ -325,7 +396,7 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
                        request_id=request_id, account=job.account)
     state = GAVE_UP if _age_s(job, now) >= policy.max_age_s else PENDING
     return Outcome(job.job_id, job.claim_token, state,
-                   next_poll_delay(body.get("next_poll_after_seconds"), policy), read_ok=True,
+                   next_poll_delay(read.next_poll_after, policy), read_ok=True,
                    http_status=status, provider_status=provider_status, body=body,
                    request_id=request_id, account=job.account)
 
@@ -364,22 +435,43 @@ RETRYABLE_4XX = {408: ErrorClass.TIMEOUT, 409: ErrorClass.CONFLICT, 429: ErrorCl
 """4xx answers that say "not now" rather than "never": the same key is sent again later."""
 
 
+def unknown_resend_delay(policy: PollPolicy, rng: random.Random,
+                         hinted_s: float | None = None) -> float:
+    """Seconds until an `unknown` intent is sent again: the server's Retry-After if it gave
+    one, else about `unknown_resend_s` (jittered down to 3/4 of it, so a fleet's unknown
+    intents spread out); never past UNKNOWN_RESEND_MAX_S, never under `min_poll_s`."""
+    ceiling = min(UNKNOWN_RESEND_MAX_S, max(policy.min_poll_s, policy.unknown_resend_s))
+    delay = hinted_s if hinted_s is not None else ceiling * rng.uniform(0.75, 1.0)
+    return min(UNKNOWN_RESEND_MAX_S, max(policy.min_poll_s, delay))
+
+
 def decide_submit(intent: ClaimedIntent, answer: HttpAnswer, now: datetime, policy: PollPolicy,
                   rng: random.Random) -> SubmitOutcome | AuthPause:
-    """Classify one create POST: submitted, rejected for good, or retry with the same key.
+    """Classify one create POST: submitted, rejected for good, retry with the same key, or
+    unknown (retry slowly, visibly).
 
     The rule that keeps a clip from being billed twice lives here: anything short of a clear
     answer (a timeout, a dropped connection, a 5xx, a 2xx without a job id, a 4xx that is not
     Sume's own error envelope) is an *unknown* outcome, and the only safe move is to send the
-    same Idempotency-Key again later.
+    same Idempotency-Key again later. And once an attempt's outcome was unknown, a refusal in
+    Sume's envelope is no proof that nothing was billed (a provider may check credits or
+    limits before its key lookup, and answer 402 to the re-send of a render it started): the
+    intent becomes UNKNOWN, never REJECTED, and keeps being sent with the same key, at most
+    UNKNOWN_RESEND_MAX_S apart, until Sume answers with a job or an operator settles it.
     """
     status = answer.status
     body = _json_object(answer.body)
     request_id = _request_id(body, answer)
     code, message = _envelope(body)
+    hinted = parse_retry_after(answer.retry_after, now)
 
     def retry(cls: ErrorClass, what: str) -> SubmitOutcome:
-        hinted = parse_retry_after(answer.retry_after, now)
+        if intent.state == UNKNOWN:
+            # still no answer for a key that may be billed: the slow schedule, kept visible
+            return SubmitOutcome(intent.key, intent.claim_token, UNKNOWN,
+                                 unknown_resend_delay(policy, rng, hinted), http_status=status,
+                                 error_class=cls, error=_error_text(body, answer, what),
+                                 request_id=request_id)
         if hinted is not None:
             delay = min(policy.max_poll_s, max(policy.min_poll_s, hinted))
         else:
@@ -406,6 +498,13 @@ def decide_submit(intent: ClaimedIntent, answer: HttpAnswer, now: datetime, poli
     if status >= 500:
         return retry(ErrorClass.SERVER_ERROR, f"HTTP {status}")
     if 400 <= status < 500 and code is not None:
+        if intent.outcome_unknown or intent.state == UNKNOWN:
+            # refused now, but an earlier attempt may have started (and billed) a render
+            return SubmitOutcome(intent.key, intent.claim_token, UNKNOWN,
+                                 unknown_resend_delay(policy, rng, hinted), http_status=status,
+                                 error_class=ErrorClass.CLIENT_ERROR,
+                                 error=_error_text(body, answer, f"HTTP {status}"),
+                                 error_code=code, error_message=message, request_id=request_id)
         return SubmitOutcome(intent.key, intent.claim_token, REJECTED, http_status=status,
                              error_class=ErrorClass.CLIENT_ERROR,
                              error=_error_text(body, answer, f"HTTP {status}"), error_code=code,

@@ -8,7 +8,7 @@ import logging
 import select
 import time
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,6 +27,7 @@ from vidpoll.models import (
     QUEUED,
     REJECTED,
     SUBMITTED,
+    UNKNOWN,
     ClaimedDelivery,
     ClaimedIntent,
     ClaimedJob,
@@ -61,6 +62,29 @@ INTENTS_CHANNEL = "vidpoll_intents"
 """NOTIFY channel: intents recorded or re-queued (wakes submitters)."""
 JOB_DONE_CHANNEL = "vidpoll_job_done"
 """NOTIFY channel: a job left `pending`; the payload is its id (wakes waiters, submitters)."""
+ARCHIVED_COLUMNS = (
+    "job_id", "state", "next_poll_at", "created_at", "updated_at", "polling_since",
+    "finished_at", "polls", "consecutive_errors", "errors_total", "not_found_count",
+    "last_polled_at", "last_http_status", "last_error_class", "last_error", "last_request_id",
+    "provider_status", "last_response", "claim_token", "claimed_by", "claimed_at",
+    "idempotency_key", "account", "poked_at", "result", "result_state", "result_next_at",
+    "result_attempts", "result_token", "result_error", "result_fetched_at")
+"""The columns prune_finished copies to video_jobs_archive (named there, in the same order)."""
+PRUNE_STALE_S = 900.0
+"""Work (a result fetch, a delivery) due longer ago than this and untaken: no worker for it."""
+PRUNE_KEPT_REASONS = {
+    "already_archived": "its job id is already in the archive (tracked again after a prune)",
+    "result_unfetched": "its result was due long ago and nobody fetched it: is a worker with "
+                        "--fetch-results (the default) running for its account?",
+    "result_pending": "its result is being fetched (or retried)",
+    "consumer_gone": "a delivery is pending for a consumer no longer registered: "
+                     "`vidpoll deliveries forget {consumer}` drops it",
+    "delivery_stalled": "a delivery was due long ago and nobody took it: no worker runs that "
+                        "consumer (if it is gone: `vidpoll deliveries forget {consumer}`)",
+    "delivery_pending": "a delivery is being delivered (or retried)",
+    "busy": "it was being written during the prune: the next prune moves it",
+}
+"""What each reason of prune_kept means, as `jobs prune` prints it ({consumer}: its name)."""
 
 
 def redact_url(url: str) -> str:
@@ -146,7 +170,16 @@ def _intent(row: dict[str, Any]) -> Intent:
                   submitted_at=row["submitted_at"], last_http_status=row["last_http_status"],
                   last_error_class=row["last_error_class"], last_error=row["last_error"],
                   last_request_id=row["last_request_id"], error_code=row["error_code"],
-                  error_message=row["error_message"], account=row["account"])
+                  error_message=row["error_message"], account=row["account"],
+                  unknown_outcome_at=row.get("unknown_outcome_at"),
+                  resolution=row.get("resolution"), resolved_at=row.get("resolved_at"))
+
+
+def _claimed_intent(row: dict[str, Any]) -> ClaimedIntent:
+    return ClaimedIntent(key=row["idempotency_key"], claim_token=row["claim_token"],
+                         payload=row["payload"], attempts=row["attempts"],
+                         consecutive_errors=row["consecutive_errors"], account=row["account"],
+                         state=row["state"], outcome_unknown=bool(row["outcome_unknown"]))
 
 
 def _outcome_params(outcomes: Sequence[Outcome], now: datetime | None) -> dict[str, Any]:
@@ -160,7 +193,8 @@ def _outcome_params(outcomes: Sequence[Outcome], now: datetime | None) -> dict[s
          "delay_s": float(o.delay_s), "read_ok": o.read_ok, "http_status": o.http_status,
          "error_class": o.error_class.value if o.error_class else None, "error": o.error,
          "provider_status": o.provider_status, "body": o.body, "request_id": o.request_id,
-         "age_s": max(0.0, sent - o.answered_mono) if o.answered_mono else 0.0}
+         "age_s": max(0.0, sent - o.answered_mono) if o.answered_mono else 0.0,
+         "succeeded": o.succeeded}
         for o in outcomes], allow_nan=False), "now": now}
 
 
@@ -290,10 +324,12 @@ class PgStore:
         # One plain connection first: a dead server fails here at once with its real reason,
         # instead of after the pool's retries.
         await _probe(url, timeout_s)
+        check = _IdleCheck()
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             url, min_size=1, max_size=max_size, open=False, timeout=timeout_s,
-            kwargs=_connect_kwargs(prepare), check=_check_if_idle, reset=_stamp_returned,
+            kwargs=_connect_kwargs(prepare), check=check, reset=_stamp_returned,
             reconnect_timeout=3600.0, name="vidpoll")
+        check.pool = pool
         try:
             await pool.open(wait=True, timeout=timeout_s)
         except (PoolTimeout, psycopg.OperationalError) as exc:
@@ -323,12 +359,10 @@ class PgStore:
         if version is None:
             raise SchemaError("the database has no vidpoll schema; run `vidpoll migrate` first")
         if version < latest:
-        check = _IdleCheck()
             raise SchemaError(f"schema version {version} is older than {latest}; "
                               "run `vidpoll migrate`")
         if version > latest:
             raise SchemaError(f"schema version {version} is newer than this vidpoll ({latest}); "
-        check.pool = pool
                               "upgrade vidpoll")
         return version
 
@@ -484,7 +518,8 @@ class PgStore:
     async def receive_webhook(self, event_id: str, job_id: str, signature: str
                               ) -> tuple[str | None, bool]:
         """Record one delivery and poke its job; (None, False) for a repeat (same event id
-        or same signature)."""
+        or same signature). `signature`: the `v1=<hex>` value that verified (what
+        webhook.verify returns), never the raw header."""
         row = await self._one("webhook_receive", {"event_id": event_id, "job_id": job_id,
                                                   "signature": signature})
         assert row is not None
@@ -724,8 +759,58 @@ class PgStore:
         return None if row is None else bool(row["made_due"])
 
     async def prune_finished(self, before: datetime, batch: int = 5000) -> int:
-        """Move one batch of rows finished before `before` to video_jobs_archive."""
+        """Move one batch of rows finished before `before` to video_jobs_archive (the columns
+        of ARCHIVED_COLUMNS; unarchived_columns() names any other)."""
         return len(await self._all("prune_finished", {"before": before, "batch": batch}))
+
+    async def prune_kept(self, before: datetime,
+                         stale_s: float = PRUNE_STALE_S) -> list[dict[str, Any]]:
+        """Why rows finished before `before` are still in video_jobs: (reason, consumer, n,
+        oldest_finished) rows, one reason per row; see PRUNE_KEPT_REASONS."""
+        return await self._all("prune_kept", {"before": before, "stale_s": stale_s})
+
+    async def unarchived_columns(self) -> list[str]:
+        """Columns of video_jobs that prune does not archive (added outside the migrations)."""
+        rows = await self._all("unarchived_columns", {"archived": list(ARCHIVED_COLUMNS)})
+        return [r["column_name"] for r in rows]
+
+    async def prune_job_events(self, older_than_s: float, batch: int = 5000,
+                               progress: Callable[[int], None] | None = None
+                               ) -> tuple[int, int]:
+        """Delete the history of jobs no longer in video_jobs whose every event is older than
+        `older_than_s` (the database's clock), a window of `batch` events per transaction,
+        reading the table once; returns (deleted, kept: events that old of jobs still in
+        video_jobs, or with newer events)."""
+        after, deleted, old = 0, 0, 0
+        while True:
+            row = await self._one("prune_job_events", {
+                "older_than_s": older_than_s, "after_id": after, "batch": batch})
+            if row is None or not row["scanned"]:
+                break
+            after = int(row["last_id"])
+            deleted += int(row["deleted"])
+            old += int(row["old"])
+            if progress is not None and row["deleted"]:
+                progress(deleted)
+            if not row["old"]:  # ids follow insertion: the rest is newer still
+                break
+        return deleted, old - deleted
+
+    async def prune_webhook_events(self, older_than_s: float, batch: int = 5000,
+                                   progress: Callable[[int], None] | None = None) -> int:
+        """Delete the webhook events received more than `older_than_s` ago (the database's
+        clock), a window of `batch` per transaction, reading the table once in event id
+        order; returns how many."""
+        after, deleted = "", 0
+        while True:
+            row = await self._one("prune_webhook_events", {
+                "older_than_s": older_than_s, "after": after, "batch": batch})
+            if row is None or not row["scanned"]:
+                return deleted
+            after = str(row["last_key"])
+            deleted += int(row["deleted"])
+            if progress is not None and row["deleted"]:
+                progress(deleted)
 
     async def get_archived_job(self, job_id: str) -> dict[str, Any] | None:
         """An archived row, or None."""
@@ -836,10 +921,33 @@ class PgStore:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(_q("claim_intents"), params)
             rows = await cur.fetchall()
-        return [ClaimedIntent(key=r["idempotency_key"], claim_token=r["claim_token"],
-                              payload=r["payload"], attempts=r["attempts"],
-                              consecutive_errors=r["consecutive_errors"],
-                              account=r["account"]) for r in rows]
+        return [_claimed_intent(r) for r in rows]
+
+    async def claim_unknown_intents(self, limit: int, lease_s: float, worker_id: str,
+                                    account: str = DEFAULT_ACCOUNT,
+                                    now: datetime | None = None) -> list[ClaimedIntent]:
+        """Claim only one account's due `unknown` intents (its submitting is paused for
+        credits, their slow re-sends go on); leased, committed at once."""
+        rows = await self._all("claim_unknown_intents", {
+            "limit": limit, "lease_s": lease_s, "worker_id": worker_id, "account": account,
+            "now": now})
+        return [_claimed_intent(r) for r in rows]
+
+    async def resolve_intent(self, key: str, *, job_id: str | None = None,
+                             not_billed: bool = False, now: datetime | None = None) -> bool:
+        """`intents resolve`: settle an intent by hand, with the job Sume billed for it (the
+        intent becomes submitted, the job is tracked from now) or as not billed (rejected for
+        good). False if no intent may be settled so (unknown key, submitted already, being
+        sent right now, or `job_id` tracked under another key)."""
+        if (job_id is None) == (not not_billed):
+            raise ValueError("resolve_intent needs exactly one of job_id or not_billed")
+        if job_id is not None:
+            validate_job_id(job_id)
+            row = await self._one("resolve_intent_job", {"key": key, "job_id": job_id,
+                                                         "now": now})
+            return bool(row and row["key"] is not None)
+        row = await self._one("resolve_intent_not_billed", {"key": key, "now": now})
+        return row is not None
 
     async def record_submit(self, outcome: SubmitOutcome, first_poll_s: float = 15.0,
                             now: datetime | None = None) -> bool:
@@ -858,6 +966,11 @@ class PgStore:
         if outcome.state == REJECTED:
             row = await self._one("record_intent_rejected", {
                 **params, "error_code": outcome.error_code,
+                "error_message": outcome.error_message})
+            return row is not None
+        if outcome.state == UNKNOWN:
+            row = await self._one("record_intent_unknown", {
+                **params, "delay_s": outcome.delay_s, "error_code": outcome.error_code,
                 "error_message": outcome.error_message})
             return row is not None
         assert outcome.state == QUEUED
@@ -880,10 +993,12 @@ class PgStore:
                                                    "code": code, "now": None})
         return [r["idempotency_key"] for r in rows]
 
-    async def next_intent_due_in(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,)
-                                 ) -> float | None:
-        """Seconds until the earliest queued intent is due; None if none is queued."""
-        row = await self._one("next_intent_due_in", {"accounts": list(accounts)})
+    async def next_intent_due_in(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,),
+                                 unknown_accounts: Sequence[str] = ()) -> float | None:
+        """Seconds until the earliest queued or unknown intent of `accounts` (or unknown one
+        of `unknown_accounts`) is due; None if none is waiting."""
+        row = await self._one("next_intent_due_in", {"accounts": list(accounts),
+                                                     "unknown_accounts": list(unknown_accounts)})
         return None if row is None else cast(float | None, row["next_due_in_s"])
 
     async def has_queued_intents(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,)) -> bool:
@@ -892,7 +1007,8 @@ class PgStore:
         return bool(row and row["has_queued"])
 
     async def admission(self, account: str | None = None) -> dict[str, int]:
-        """pending_jobs, unconfirmed (attempted, still queued) and queued intents."""
+        """pending_jobs, unconfirmed (attempted, no job yet: the unknown ones included),
+        unknown and queued intents."""
         row = await self._one("admission", {"account": account})
         assert row is not None
         return {k: int(v) for k, v in row.items()}

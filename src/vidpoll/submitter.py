@@ -5,7 +5,10 @@ the way workers claim jobs (SKIP LOCKED, the lease is the schedule, every write 
 claim token), POSTs each once, and records the answer: on 202 the job row is inserted and the
 intent marked submitted in one transaction; on an unknown outcome the intent stays queued and
 is sent again later with the *same* key, so Sume answers with the job it already started;
-on a rejection in Sume's own words the intent is rejected for good.
+on a rejection in Sume's own words the intent is rejected for good, unless an earlier
+attempt's outcome was unknown: then a render may be billed, and the intent is `unknown`, sent
+again with the same key at most 2 minutes apart (even while the account is paused for
+credits) until Sume answers with its job or an operator settles it (`intents resolve`).
 
 Like the worker, it knows neither psycopg nor aiohttp: both come in through Protocols.
 """
@@ -30,6 +33,7 @@ from vidpoll.models import (
     QUEUED,
     REJECTED,
     SUBMITTED,
+    UNKNOWN,
     ClaimedIntent,
     ErrorClass,
     HttpAnswer,
@@ -74,14 +78,20 @@ class IntentStore(MinutesStore, Protocol):
                             account: str = ...) -> list[ClaimedIntent]:
         """Claim one account's due intents within its admission cap, committed at once."""
 
+    async def claim_unknown_intents(self, limit: int, lease_s: float, worker_id: str,
+                                    account: str = ...) -> list[ClaimedIntent]:
+        """Claim only one account's due `unknown` intents, committed at once."""
+
     async def record_submit(self, outcome: SubmitOutcome, first_poll_s: float = ...) -> bool:
         """Write one POST's outcome, fenced; False if another owner has the intent now."""
 
     async def release_intent(self, intent: ClaimedIntent, delay_s: float) -> bool:
         """Give an intent back unsent."""
 
-    async def next_intent_due_in(self, accounts: Sequence[str] = ...) -> float | None:
-        """Seconds until the earliest queued intent is due."""
+    async def next_intent_due_in(self, accounts: Sequence[str] = ...,
+                                 unknown_accounts: Sequence[str] = ...) -> float | None:
+        """Seconds until the earliest queued or unknown intent of `accounts`, or unknown one
+        of `unknown_accounts`, is due."""
 
     async def has_queued_intents(self, accounts: Sequence[str] = ...) -> bool:
         """Whether any intent still waits to be sent."""
@@ -138,6 +148,9 @@ class SubmitStats:
     posts: int = 0
     submitted: int = 0
     rejected: int = 0
+    unknown: int = 0
+    """Refusals (or silences) recorded as `unknown`: after an unknown outcome, a render may
+    be billed."""
     retries: dict[str, int] = field(default_factory=dict)
     released: int = 0
     fenced_out: int = 0
@@ -181,9 +194,9 @@ class Submitter(Runner):
                         await helper
             await self._flush_minutes(self.store)
             await self.signals.pulse()
-            log.info("submitter %s stopped: posts=%d submitted=%d rejected=%d retries=%s",
-                     cfg.worker_id, self.stats.posts, self.stats.submitted, self.stats.rejected,
-                     self.stats.retries)
+            log.info("submitter %s stopped: posts=%d submitted=%d rejected=%d unknown=%d "
+                     "retries=%s", cfg.worker_id, self.stats.posts, self.stats.submitted,
+                     self.stats.rejected, self.stats.unknown, self.stats.retries)
 
     async def _main_loop(self) -> None:
         cfg = self.config
@@ -192,7 +205,9 @@ class Submitter(Runner):
         while not self._stopping.is_set():
             self._wake.clear()
             paused_for = self._all_paused_for(cfg.accounts)
-            if paused_for > 0:  # every account is paused (key refused, or out of credits)
+            if paused_for > 0 and not self._credit_paused_accounts():
+                # every account is paused (key refused, or out of credits: then its unknown
+                # intents still go out, so only a refused key everywhere sleeps here)
                 await self._sleep(paused_for)
                 continue
             free = cfg.concurrency - self._inflight
@@ -233,24 +248,29 @@ class Submitter(Runner):
         cfg = self.config
         self._budget_wait = None
         self._turn += 1
-        accounts = self._unpaused(cfg.accounts)
+        credit_paused = self._credit_paused_accounts()
+        unpaused = self._unpaused(cfg.accounts)
+        accounts = [a for a in cfg.accounts if a in unpaused or a in credit_paused]
         claimed: list[ClaimedIntent] = []
         for i in range(len(accounts)):
             account = accounts[(self._turn + i) % len(accounts)]
             want = limit - len(claimed)
             if want <= 0:
                 break
-            if self._auth_failures.get(account) or self._credit_failures.get(account):
+            unknown_only = account in credit_paused
+            if not unknown_only and (self._auth_failures.get(account)
+                                     or self._credit_failures.get(account)):
                 want = 1  # one probe per pause
             try:
-                claimed += await self._claim_account(account, want)
+                claimed += await self._claim_account(account, want, unknown_only)
             except DatabaseUnavailable:
                 if not claimed:
                     raise
                 break  # send what is claimed already; it is committed and leased to us
         return claimed
 
-    async def _claim_account(self, account: str, want: int) -> list[ClaimedIntent]:
+    async def _claim_account(self, account: str, want: int,
+                             unknown_only: bool = False) -> list[ClaimedIntent]:
         cfg = self.config
         budget = cfg.budgets.get(account)
         wait_s: float | None = None
@@ -259,8 +279,14 @@ class Submitter(Runner):
             if grant.granted < want:
                 wait_s = grant.wait_s
             want = grant.granted
-        got = [] if want == 0 else await self.store.claim_intents(
-            want, cfg.lease_s, cfg.worker_id, cfg.max_active, account=account)
+        if want == 0:
+            got: list[ClaimedIntent] = []
+        elif unknown_only:
+            got = await self.store.claim_unknown_intents(want, cfg.lease_s, cfg.worker_id,
+                                                         account=account)
+        else:
+            got = await self.store.claim_intents(want, cfg.lease_s, cfg.worker_id,
+                                                 cfg.max_active, account=account)
         if budget is not None and len(got) < want:
             await self.store.refund_tokens(account, "create", want - len(got))
         elif wait_s is not None:
@@ -283,7 +309,9 @@ class Submitter(Runner):
             self._stopping.set()
             return None
         probe_in = self._probe_in(cfg.idle_max_s)  # a paused account's probe is due then
-        due_in = await self.store.next_intent_due_in(cfg.accounts)
+        credit_paused = self._credit_paused_accounts()
+        due_in = await self.store.next_intent_due_in(
+            [a for a in self._unpaused(cfg.accounts) if a not in credit_paused], credit_paused)
         if due_in is None:
             return min(cfg.idle_max_s, probe_in)
         if due_in <= 0:
@@ -381,7 +409,12 @@ class Submitter(Runner):
                        error_class=outcome.error_class.value if outcome.error_class else None)
         if outcome.state == SUBMITTED:
             self.stats.submitted += 1
-            self._credit_failures[account] = 0
+            if self._credit_failures.get(account):
+                # Sume accepted a create: the account has credits again, its pause ends
+                self._credit_failures[account] = 0
+                if not self._auth_failures.get(account):
+                    self._paused_until.pop(account, None)
+                    self._wake.set()
             log.info("intent %s submitted: job %s", outcome.key, outcome.job_id, extra=fields)
         elif outcome.state == REJECTED:
             self.stats.rejected += 1
@@ -390,6 +423,21 @@ class Submitter(Runner):
                       outcome.http_status, outcome.error_code, outcome.error_message,
                       extra=fields)
             if outcome.http_status == 402:
+                self._pause_for_credits(account)
+        elif outcome.state == UNKNOWN:
+            self.stats.unknown += 1
+            if outcome.error_code is not None:
+                log.warning("intent %s: Sume refused it (HTTP %s %s: %s), but an earlier "
+                            "attempt's outcome is unknown, so a render may be billed: kept "
+                            "as `unknown`, sent again with the same key in %.0fs; settle it "
+                            "with `vidpoll intents resolve KEY --job-id ID | --not-billed`",
+                            outcome.key, outcome.http_status, outcome.error_code,
+                            outcome.error_message, outcome.delay_s, extra=fields)
+            else:
+                log.info("intent %s (unknown): no clear answer again (%s); sent again with "
+                         "the same key in %.0fs", outcome.key, outcome.error, outcome.delay_s,
+                         extra=fields)
+            if outcome.http_status == 402 and not self._credit_paused(account):
                 self._pause_for_credits(account)
         else:
             assert outcome.state == QUEUED and outcome.error_class is not None
@@ -403,6 +451,16 @@ class Submitter(Runner):
         # nothing was sent; if the database is down the lease ends and it is due again anyway
         with contextlib.suppress(DatabaseUnavailable):
             await self.store.release_intent(intent, delay_s)
+
+    def _credit_paused(self, account: str) -> bool:
+        """Paused because Sume reported no credits (not a refused key): the account's
+        `unknown` intents still go out on their slow schedule, nothing else of it does."""
+        return (self._credit_failures.get(account, 0) > 0
+                and not self._auth_failures.get(account)
+                and self._paused_until.get(account, 0.0) > self._now())
+
+    def _credit_paused_accounts(self) -> list[str]:
+        return [a for a in self.config.accounts if self._credit_paused(a)]
 
     def _pause_for_credits(self, account: str) -> None:
         # the next intents would most likely be refused too; each refusal is final, so pause

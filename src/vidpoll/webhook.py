@@ -33,8 +33,13 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 
 
 def verify(secret: str, timestamp: str | None, signature: str | None, body: bytes,
-           now_s: float, tolerance_s: float = DEFAULT_TOLERANCE_S) -> None:
-    """Raise WebhookRejected unless the signature matches and the timestamp is recent."""
+           now_s: float, tolerance_s: float = DEFAULT_TOLERANCE_S) -> str:
+    """Raise WebhookRejected unless the signature matches and the timestamp is recent.
+
+    Returns the `v1=<hex>` value that matched, in the one form Sume computes it: what a
+    repeat is recognised by. The raw header is not: the same signed delivery verifies with its
+    values re-ordered, re-spaced or joined by others, so a replay could pass as new.
+    """
     if not timestamp or not signature:
         raise WebhookRejected("missing X-Sume-Timestamp or X-Sume-Signature")
     try:
@@ -49,6 +54,7 @@ def verify(secret: str, timestamp: str | None, signature: str | None, body: byte
     if not any(hmac.compare_digest(expected, part) for part in offered
                if part.startswith(b"v1=")):
         raise WebhookRejected("signature does not match")
+    return expected.decode()
 
 
 def job_id_of(body: bytes) -> str | None:

@@ -110,7 +110,7 @@ async def test_a_drain_ends_as_soon_as_the_pollers_are_done(store):
     deliverer = make_deliverer(store, {"app:done": lambda job: None}, drain=True, listen=False)
     task = await started(deliverer)
     deliverer.producers_finished()
-    await asyncio.wait_for(task, 3)
+    await asyncio.wait_for(task, 10)  # a third of the idle cap
 
 
 async def test_a_hook_that_raises_is_retried_with_backoff_and_eventually_runs(
@@ -184,15 +184,31 @@ async def test_a_slow_hook_does_not_stall_polling(store, fake, make_worker):
 
 
 async def test_the_heartbeat_keeps_a_long_delivery_from_being_taken_over(store, fake,
-                                                                         make_worker):
+                                                                         make_worker, db_url):
     calls: list[str] = []
 
     async def long_hook(job: Job) -> None:
         calls.append(job.job_id)
-        await asyncio.sleep(2.0)  # more than three leases
+        # run until the lease this attempt began with has been over for a second by the
+        # database's clock (the other deliverer wakes to claim it when it ends): a wall-clock
+        # sleep would prove nothing on a machine slow enough to stretch the claim instead
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            cur = await conn.execute("SELECT next_at FROM vidpoll_deliveries "
+                                     "WHERE job_id = %s", (job.job_id,))
+            row = await cur.fetchone()
+            assert row is not None
+            while True:
+                cur = await conn.execute("SELECT clock_timestamp() > %s + interval '1 s'",
+                                         (row[0],))
+                over = await cur.fetchone()
+                if over is not None and over[0]:
+                    return
+                await asyncio.sleep(0.05)
 
-    one = make_deliverer(store, {"app:long": long_hook}, lease_s=0.6)
-    two = make_deliverer(store, {"app:long": long_hook}, lease_s=0.6)
+    # a lease of 2 s, extended every 2/3 s: a loaded machine may hold this process back for
+    # most of a second without the heartbeat missing its turn
+    one = make_deliverer(store, {"app:long": long_hook}, lease_s=2.0)
+    two = make_deliverer(store, {"app:long": long_hook}, lease_s=2.0)
     tasks = [await started(one), await started(two)]
     await end_jobs(store, fake, make_worker, FAILED, "j1")
     await until(one, lambda: one.stats.deliveries_done + two.stats.deliveries_done == 1)

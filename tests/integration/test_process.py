@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
+from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
 from vidpoll.fake_sume import FakeSume
 from vidpoll.models import ClaimMode
 from vidpoll.store import PgStore
 
-from ..conftest import API_KEY, run_until
+from ..conftest import API_KEY, hold_reads, run_until
 
 pytestmark = pytest.mark.slow
 
@@ -58,37 +61,101 @@ async def test_kill_9_mid_batch_loses_nothing(store, fake, fake_url, db_url, mak
     proc = await spawn_worker(cli_env(db_url, fake_url, VIDPOLL_HTTP_TIMEOUT="1"), "--claim",
                               mode, "--concurrency", "50", "--lease-seconds", "2", "--poll-only")
     try:
-        await wait_for(lambda: sum(fake.in_flight.values()) == len(ids), 20,
-                       "the worker should have every row in flight")
+        # every row read at least once, and reads in flight now (a read that timed out before
+        # this was recorded as an error: still pending, just not this test's subject)
+        await wait_for(lambda: all(fake.reads[i] for i in ids)
+                       and sum(fake.in_flight.values()) > 0, 30,
+                       "the worker should have read every row, with reads in flight")
     finally:
         proc.kill()
         await proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    counts = await store.counts()
-    assert counts == {"pending": len(ids)}  # nothing recorded, nothing lost
-    fake.config.latency_s = 0.0
-    started = asyncio.get_running_loop().time()
-    worker = make_worker(claim_mode=ClaimMode(mode))
-    await run_until(worker, lambda: worker.stats.finished == len(ids), within_s=20)
-    waited = asyncio.get_running_loop().time() - started
-    assert await store.counts() == {"completed": len(ids)}
+    assert await store.counts() == {"pending": len(ids)}  # nothing recorded, nothing lost
+    rows = {i: await store.get_job(i) for i in ids}
     if mode == "lock":
-        assert waited < 1.5  # locks died with the connection: claimable at once
+        # the dead batch's claim rolled back with its connection: no lease, no token; its
+        # rows (at least those whose reads were in flight) were due all along
+        assert all(r["claim_token"] is None for r in rows.values())
+        due = await due_now(db_url, ids)
+        assert due
+        # claimable as soon as the server has noticed the connection died (no lease to wait
+        # for): once its backends are gone, one claim takes every row that is due
+        await wait_for_backends_gone(db_url, proc.pid)
+        with contextlib.suppress(LookOnly):
+            async with store.lock_batch(len(ids), "probe") as probe:
+                assert {j.job_id for j in probe.jobs} >= due
+                raise LookOnly  # roll the probe's claim back
     else:
-        assert waited >= 0.5  # leases had to run out first (2 s from the claim)
+        # the dead worker's leases: still claimed by it, due again when the lease ends
+        leased = {i: r["next_poll_at"] for i, r in rows.items() if r["claim_token"] is not None}
+        assert leased
+        assert all(rows[i]["claimed_at"] + timedelta(seconds=2) == end
+                   for i, end in leased.items())
+    fake.config.latency_s = 0.0
+    worker = make_worker(claim_mode=ClaimMode(mode))
+    await run_until(worker, lambda: worker.stats.finished == len(ids), within_s=30)
+    assert await store.counts() == {"completed": len(ids)}
+    if mode == "lease":
+        # leases had to run out first: by the database's clock, no leased row was claimed
+        # again before its lease ended (the last claim of each row is the one that read it)
+        for i, lease_end in leased.items():
+            assert (await store.get_job(i))["claimed_at"] >= lease_end
+
+
+class LookOnly(Exception):
+    """Raised to roll back a claim made only to look."""
+
+
+async def due_now(db_url: str, ids: list[str]) -> set[str]:
+    """The rows among `ids` that are due by the database's clock."""
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT job_id FROM video_jobs WHERE job_id = ANY(%s) "
+                                 "AND next_poll_at <= now()", (ids,))
+        return {row[0] for row in await cur.fetchall()}
+
+
+async def wait_for_backends_gone(db_url: str, pid: int) -> None:
+    """Until the server has ended every connection of worker process `pid`."""
+    pattern = f"%:{pid}:%"  # application_name "vidpoll host:pid:random"
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        async with asyncio.timeout(30):
+            while True:
+                cur = await conn.execute("SELECT count(*) FROM pg_stat_activity "
+                                         "WHERE application_name LIKE %s", (pattern,))
+                row = await cur.fetchone()
+                if row is not None and row[0] == 0:
+                    return
+                await asyncio.sleep(0.05)
 
 
 async def test_sigterm_finishes_in_flight_reads_then_exits_0(store, fake, fake_url, db_url):
     ids = await seed_jobs(store, fake, 10)
-    fake.config.latency_s = 1.0
-    proc = await spawn_worker(cli_env(db_url, fake_url), "--concurrency", "50")
-    await wait_for(lambda: sum(fake.in_flight.values()) == len(ids), 20, "reads in flight")
-    proc.send_signal(signal.SIGTERM)
-    _, err = await asyncio.wait_for(proc.communicate(), 10)
+    gate = hold_reads(fake)  # the reads stay in flight until the worker has the SIGTERM
+    proc = await spawn_worker(cli_env(db_url, fake_url, VIDPOLL_HTTP_TIMEOUT="60"),
+                              "--concurrency", "50", "--lease-seconds", "90")
+    try:
+        await wait_for(lambda: sum(fake.in_flight.values()) == len(ids), 30, "reads in flight")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.stderr is not None
+        seen = b""
+        async with asyncio.timeout(30):  # the worker says it stops, with every read in flight
+            while b"in-flight reads" not in seen:
+                line = await proc.stderr.readline()
+                assert line, seen.decode()
+                seen += line
+        assert f"finishing {len(ids)} in-flight reads".encode() in seen, seen.decode()
+        assert sum(fake.in_flight.values()) == len(ids)  # none answered yet
+        gate.set()
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        gate.set()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    err = seen + err
     assert proc.returncode == 0, err.decode()
     # every read that was in flight was recorded before exit
     assert await store.counts() == {"completed": len(ids)}, err.decode()
-    assert b"stopping" in err
 
 
 async def test_drain_exits_0_when_nothing_is_pending(store, fake, fake_url, db_url):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import timedelta
 
 from vidpoll.models import ClaimedResult
 from vidpoll.policy import Budget
 
-from ..conftest import run_until
+from ..conftest import db_now, run_until
 
 DONE = [{"sume_status": "completed", "terminal": True}]
 
@@ -25,11 +26,18 @@ async def test_a_completed_job_gets_its_result_as_served(store, fake, make_worke
 
 
 async def test_409_not_completed_is_retried_until_ready(store, fake, make_worker):
-    fake.add_job("j1", script=DONE, render_s=0.6, queued_s=0)  # the result lags the status
+    # the result lags the status: 409 job_not_completed until the test lets the render end
+    fake.add_job("j1", script=DONE, render_s=3600, queued_s=0)
     await store.add_job("j1", delay_s=0)
     worker = make_worker(fetch_results=True)
-    await run_until(worker, lambda: worker.stats.results_fetched == 1, within_s=10)
-    assert worker.stats.result_retries >= 1
+    task = asyncio.create_task(worker.run())
+    try:
+        await worker.signals.wait_for(lambda: worker.stats.result_retries >= 1, 10)
+        fake.jobs["j1"].render_s = 0  # rendered: the next fetch gets the result
+        await worker.signals.wait_for(lambda: worker.stats.results_fetched == 1, 10)
+    finally:
+        worker.stop()
+        await task
     row = await store.get_job("j1")
     assert row is not None and row["result_state"] == "fetched" and row["result_attempts"] >= 2
 
@@ -74,15 +82,16 @@ async def test_results_share_the_read_budget(store, fake, make_worker):
     assert calls <= 1 + 20 * elapsed + 1  # one starting token, then 20 a second
 
 
-async def test_result_fetches_are_fenced(store):
+async def test_result_fetches_are_fenced(store, db_url):
     await store.add_job("j1", delay_s=0)
     [job] = await store.claim(1, 5, "w")
     from vidpoll.models import Outcome
 
     await store.record([Outcome("j1", job.claim_token, "completed", 0, True)])
-    [stale] = await store.claim_results(1, 0.01, "default")
-    await asyncio.sleep(0.05)
-    [fresh] = await store.claim_results(1, 5, "default")
+    t0 = await db_now(db_url)
+    [stale] = await store.claim_results(1, 5, "default", now=t0)
+    [fresh] = await store.claim_results(1, 5, "default",  # the first lease has ended
+                                        now=t0 + timedelta(seconds=6))
     from vidpoll.models import ResultOutcome
 
     assert not await store.record_result(ResultOutcome("j1", stale.token, "fetched",

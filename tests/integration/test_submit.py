@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 
 import psycopg
 import pytest
@@ -19,7 +19,7 @@ from vidpoll.submitter import Submitter, SubmitterConfig, submit_now
 from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker
 
-from ..conftest import API_KEY, FAST_POLICY, run_until
+from ..conftest import API_KEY, FAST_POLICY, db_now, run_until
 
 PROMPT = {"prompt": "a lighthouse at dawn"}
 
@@ -63,8 +63,8 @@ async def test_a_202_links_the_intent_and_its_job(store, fake, make_submitter):
     assert intent.job_id == fake.by_key["k1"]
     job = await store.get_job(intent.job_id)
     assert job is not None and job["state"] == "pending" and job["idempotency_key"] == "k1"
-    wait_s = (job["next_poll_at"] - datetime.now(UTC)).total_seconds()
-    assert 13 < wait_s <= 15.0
+    # first read 15 s after the job was recorded (the database's clock, both ends)
+    assert (job["next_poll_at"] - job["created_at"]).total_seconds() == pytest.approx(15.0)
     again = await store.intent_of_job(intent.job_id)
     assert again is not None and again.key == "k1"
 
@@ -86,7 +86,7 @@ async def test_an_unknown_outcome_replays_the_same_key(store, fake, make_submitt
     assert (await store.counts()) == {"pending": 1}
 
 
-async def test_retry_after_sets_the_next_attempt(store, fake, client):
+async def test_retry_after_sets_the_next_attempt(store, fake, client, db_url):
     fake.config.retry_after_s = 30
     fake.create_script["k1"] = ["429"]
     await store.add_intent("k1", PROMPT)
@@ -96,8 +96,7 @@ async def test_retry_after_sets_the_next_attempt(store, fake, client):
     intent = await store.get_intent("k1")
     assert intent is not None and intent.state == QUEUED and intent.last_http_status == 429
     assert intent.last_error_class == "rate_limited" and "rate_limit_exceeded" in intent.last_error
-    wait_s = (intent.next_attempt_at - datetime.now(UTC)).total_seconds()
-    assert 28 < wait_s <= 30
+    assert await retry_in_s(db_url, "k1") == pytest.approx(30)  # from the answer's write
 
 
 async def test_rejections_are_final_until_retried_by_hand(store, fake, make_submitter):
@@ -256,10 +255,15 @@ async def test_the_lease_starts_after_the_wait_for_the_admission_lock(store, db_
                 await asyncio.sleep(0.01)
         await asyncio.sleep(1.0)  # the time spent waiting that the lease must not lose
         assert not claim.done()
+        cur = await holder.execute("SELECT clock_timestamp()")
+        released_at = (await cur.fetchone())[0]  # the lock is held until just after this
         await holder.commit()
         claimed = await claim
-    left_s = await lease_left(db_url, "k1")
-    assert [c.key for c in claimed] == ["k1"] and left_s > 4.5  # not 5 s minus the wait
+    assert [c.key for c in claimed] == ["k1"]
+    # the lease runs 5 s from when the lock was had, not from when the claim began to wait
+    # for it (that would end it 4 s after the release or sooner): the database's clock only
+    lease_end = await lease_end_at(db_url, "k1")
+    assert (lease_end - released_at).total_seconds() >= 5.0
 
 
 async def waiting_for_a_lock(db_url: str) -> bool:
@@ -270,13 +274,23 @@ async def waiting_for_a_lock(db_url: str) -> bool:
         return bool(row and row[0])
 
 
-async def lease_left(db_url: str, key: str) -> float:
+async def retry_in_s(db_url: str, key: str) -> float:
+    """Seconds from the intent's last write to its next attempt (the database's clock)."""
     async with await psycopg.AsyncConnection.connect(db_url) as conn:
-        cur = await conn.execute("SELECT extract(epoch FROM next_attempt_at - clock_timestamp())"
+        cur = await conn.execute("SELECT extract(epoch FROM next_attempt_at - updated_at)"
                                  " FROM video_intents WHERE idempotency_key = %s", (key,))
         row = await cur.fetchone()
         assert row is not None
         return float(row[0])
+
+
+async def lease_end_at(db_url: str, key: str) -> datetime:
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        cur = await conn.execute("SELECT next_attempt_at FROM video_intents "
+                                 "WHERE idempotency_key = %s", (key,))
+        row = await cur.fetchone()
+        assert row is not None
+        return row[0]
 
 
 async def test_stop_during_a_claim_sends_nothing(store, fake, client):
@@ -339,24 +353,27 @@ async def test_submit_now_respects_the_queue_and_the_cap(store, fake, client):
     assert fake.create_order == ["mine"]
 
 
-async def test_a_crashed_claim_keeps_its_slot_and_comes_back(store, fake, client):
+async def test_a_crashed_claim_keeps_its_slot_and_comes_back(store, fake, client, db_url):
     await store.add_intent("k1", PROMPT)
     await store.add_intent("k2", PROMPT | {"n": 2})
     # a submitter claimed k1 and died before answering: k1 may have started a render
-    claimed = await store.claim_intents(1, 0.05, "dead", max_active=1)
+    t0 = await db_now(db_url)  # the clock these claims run on: a second apart, then past
+    claimed = await store.claim_intents(1, 5, "dead", max_active=1, now=t0)
     assert [c.key for c in claimed] == ["k1"]
-    assert await store.claim_intents(5, 5, "other", max_active=1) == []  # k1 holds the slot
-    await asyncio.sleep(0.1)  # its lease ends
-    again = await store.claim_intents(5, 5, "other", max_active=1)
+    assert await store.claim_intents(5, 5, "other", max_active=1,
+                                     now=t0 + timedelta(seconds=1)) == []  # k1 holds the slot
+    again = await store.claim_intents(5, 5, "other", max_active=1,
+                                      now=t0 + timedelta(seconds=6))  # its lease has ended
     assert [c.key for c in again] == ["k1"]  # a retry needs no new slot; k2 still waits
     assert again[0].attempts == 2
 
 
-async def test_a_stale_claim_cannot_overwrite_but_the_job_is_tracked(store, fake):
+async def test_a_stale_claim_cannot_overwrite_but_the_job_is_tracked(store, fake, db_url):
     await store.add_intent("k1", PROMPT)
-    stale = (await store.claim_intents(1, 0.01, "slow", max_active=None))[0]
-    await asyncio.sleep(0.05)
-    fresh = (await store.claim_intents(1, 5, "fast", max_active=None))[0]
+    t0 = await db_now(db_url)
+    stale = (await store.claim_intents(1, 5, "slow", max_active=None, now=t0))[0]
+    fresh = (await store.claim_intents(1, 5, "fast", max_active=None,  # its lease ended
+                                       now=t0 + timedelta(seconds=6)))[0]
     late = SubmitOutcome("k1", stale.claim_token, REJECTED, error_code="x")
     assert not await store.record_submit(late)
     assert not await store.record_submit(SubmitOutcome("k1", stale.claim_token, SUBMITTED,
@@ -399,7 +416,8 @@ async def test_a_new_intent_wakes_an_idle_submitter(store, fake, make_submitter)
     try:
         await sub.signals.wait_for(lambda: sub.listening and sub.idle, 10)
         await store.add_intent("k1", PROMPT)
-        await sub.signals.wait_for(lambda: sub.stats.submitted == 1, 5)  # not 30 s later
+        # a third of the idle cap: only the new intent's NOTIFY can wake it this soon
+        await sub.signals.wait_for(lambda: sub.stats.submitted == 1, 10)
     finally:
         sub.stop()
         await task

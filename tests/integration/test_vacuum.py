@@ -89,7 +89,7 @@ async def test_stop_cancels_a_running_vacuum(store, fake, make_worker):
     task = asyncio.create_task(worker.run())
     await asyncio.wait_for(slow.started.wait(), 10)
     worker.stop()
-    await asyncio.wait_for(task, 5)  # not the VACUUM's (endless) time
+    await asyncio.wait_for(task, 10)  # not the VACUUM's (endless) time
     assert slow.cancelled
 
 

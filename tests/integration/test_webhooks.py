@@ -17,6 +17,8 @@ from vidpoll.store import PgStore
 from vidpoll.web import make_app, start_server
 from vidpoll.webhook import MAX_BODY_BYTES, sign
 
+from ..conftest import observe_sleeps
+
 SECRET = "whsec-integration"
 
 
@@ -46,40 +48,45 @@ async def due_in_s(store: PgStore, job_id: str) -> float:
     return float((row["next_poll_at"] - datetime.now(UTC)).total_seconds())
 
 
-async def test_a_valid_webhook_gets_the_job_read_within_a_second(store, fake, server,
-                                                                 make_worker):
+async def test_a_valid_webhook_gets_the_job_read_at_once(store, fake, server, make_worker):
     fake.add_job("vid_1", script=[{"sume_status": "completed", "terminal": True}])
     await store.add_job("vid_1", delay_s=3600)  # next read an hour away
     worker = make_worker(idle_max_s=30.0)
+    sleeps = observe_sleeps(worker)
     task = asyncio.create_task(worker.run())
     try:
-        await worker.signals.wait_for(lambda: worker.listening and worker.idle, 10)
-        sent = asyncio.get_running_loop().time()
+        # idle and listening, asleep for its whole idle cap (the row is an hour away)
+        await worker.signals.wait_for(
+            lambda: worker.listening and worker.idle and sleeps.asleep
+            and sleeps.asked[-1] == 30.0 and not worker._wake.is_set(), 10)
+        idle_sleep = len(sleeps.asked) - 1
         status, answer = await deliver(server, {"type": "avatar_video.ready",
                                                 "data": {"job_id": "vid_1",
                                                          "status": "failed"}})
         assert (status, answer) == (200, {"status": "poked", "made_due": True})
-        await worker.signals.wait_for(lambda: worker.stats.finished == 1, 1.0)
-        delay = asyncio.get_running_loop().time() - sent
+        # a third of the idle cap, for what takes milliseconds (a NOTIFY, a claim, a read);
+        # that it is quick on a quiet machine is the benchmarks' business, not this test's
+        await worker.signals.wait_for(lambda: worker.stats.finished == 1, 10)
     finally:
         worker.stop()
         await task
+    assert sleeps.ended[idle_sleep] == "woken"  # the poke's NOTIFY, not the idle cap
     row = await store.get_job("vid_1")
     # the state is what polling read, never what the webhook body claimed
-    assert row is not None and row["state"] == "completed" and delay < 1.0
+    assert row is not None and row["state"] == "completed"
 
 
 async def test_forged_stale_and_replayed_deliveries_change_nothing(store, server):
     statuses: list[str] = []
     await store.add_job("vid_1", delay_s=3600)
-    before = await due_in_s(store, "vid_1")
+    before = (await store.get_job("vid_1"))["next_poll_at"]
     payload = {"job_id": "vid_1"}
     assert (await deliver(server, payload, secret="not-the-secret"))[0] == 401
     assert (await deliver(server, payload, ts=time.time() - 3600))[0] == 401
     async with aiohttp.ClientSession() as http, http.post(
             f"{server}/webhooks/sume", json=payload) as resp:
         assert resp.status == 401  # unsigned
-    assert await due_in_s(store, "vid_1") == pytest.approx(before, abs=1)
+    assert (await store.get_job("vid_1"))["next_poll_at"] == before  # untouched
     assert (await deliver(server, payload, event_id="evt_9"))[1]["status"] == "poked"
     await store.add_job("vid_2", delay_s=3600)
     # the same event again (Sume retries deliveries): recognised, nothing done
@@ -106,9 +113,11 @@ async def test_unknown_finished_and_claimed_jobs(store, server, db_url):
         "status": "unknown", "made_due": False}
     await store.add_job("busy", delay_s=0)
     [job] = await store.claim(1, 30, "w")
+    lease_end = (await store.get_job("busy"))["next_poll_at"]
     status, answer = await deliver(server, {"job_id": "busy"}, event_id="e2")
     assert (status, answer) == (200, {"status": "poked", "made_due": False})
-    assert await due_in_s(store, "busy") > 25  # the lease stands: no second read at once
+    # the lease stands: no second read at once
+    assert (await store.get_job("busy"))["next_poll_at"] == lease_end
     # the read in flight answers "running, look again in an hour": the poke wins, due now
     await store.record([Outcome("busy", job.claim_token, "pending", 3600, True)])
     assert await due_in_s(store, "busy") <= 0.5
@@ -155,11 +164,11 @@ async def test_the_fake_sumes_own_webhook_gets_a_job_read_at_once(store, fake, s
         await worker.signals.wait_for(lambda: worker.listening and worker.idle, 10)
         job_id = fake.add_job(render_s=0.2, queued_s=0.0, outcome="failed")
         await store.add_job(job_id, delay_s=3600)  # without the webhook: read in an hour
-        await worker.signals.wait_for(lambda: worker.stats.finished == 1, 5)
+        # the webhook fires 0.2 s from now; a read an hour early can only be its doing
+        await worker.signals.wait_for(lambda: worker.stats.finished == 1, 15)
     finally:
         worker.stop()
         await task
     row = await store.get_job(job_id)
     assert row is not None and row["state"] == "failed" and fake.webhooks_sent[200] == 1
-    delay = row["finished_at"].timestamp() - fake.terminal_at[job_id]
-    assert delay < 1.0
+    assert row["polls"] == 1  # one read, the one the webhook asked for

@@ -4,7 +4,6 @@ raises, redirects never followed."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -13,27 +12,45 @@ from vidpoll.errors import ConfigError
 from vidpoll.models import ClaimMode, HttpAnswer
 from vidpoll.policy import PollPolicy
 from vidpoll.store import PgStore
+from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig
 
-from ..conftest import run_until
+from ..conftest import API_KEY, FAST_POLICY, hold_reads, observe_sleeps, run_until
 
 LONG_PAUSES = PollPolicy(min_poll_s=0.05, backoff_base_s=10.0, backoff_max_s=20.0)
+PAUSED_FOR_MINUTES = PollPolicy(min_poll_s=0.05, backoff_base_s=600.0, backoff_max_s=600.0,
+                                auth_backoff_max_s=600.0)
 
 
 async def test_auth_pause_sleeps_instead_of_spinning(store, fake, fake_url, make_worker):
     for i in range(3):
         fake.add_job(f"p{i}", script=[{"http": 401, "code": "unauthorized"}])
         await store.add_job(f"p{i}", delay_s=0)
-    worker = make_worker(policy=LONG_PAUSES, concurrency=3, batch_size=3)
+    # paused for 5-10 minutes: far longer than this test, however slow the machine
+    worker = make_worker(policy=PAUSED_FOR_MINUTES, concurrency=3, batch_size=3)
+    sleeps = observe_sleeps(worker)
     task = asyncio.create_task(worker.run())
     try:
-        # paused (5-10 s) and every claimed row given back by the writer
+        # paused, and the loop asleep for the pause (nothing else sleeps minutes here)
         await worker.signals.wait_for(
-            lambda: worker.stats.errors.get("auth", 0) == 1 and not worker._release
-            and worker._inflight == 0, 10)
-        turns = worker.stats.loop_turns
-        await asyncio.sleep(1.0)  # an observation window, not a synchronisation
-        assert worker.stats.loop_turns - turns <= 2
+            lambda: worker.stats.errors.get("auth", 0) == 1 and worker._inflight == 0
+            and sleeps.asleep and sleeps.asked[-1] > 240, 10)
+        async with asyncio.timeout(10):  # every claimed row given back by the writer
+            while any([(await store.get_job(f"p{i}"))["claim_token"]  # noqa: ASYNC110
+                       for i in range(3)]):
+                await asyncio.sleep(0.02)
+        claims, reads, turns = (worker.stats.claims, sum(fake.reads.values()),
+                                worker.stats.loop_turns)
+        first = len(sleeps.asked) - 1  # the sleep in progress (a wake may have ended it)
+        # whatever wakes it (a NOTIFY, a finished task, here the test) costs one turn that
+        # goes straight back to sleeping out the pause: no claim, no read, no short sleep
+        for _ in range(5):
+            n = len(sleeps.asked)
+            worker._wake.set()
+            await worker.signals.wait_for(lambda n=n: len(sleeps.asked) > n, 10)
+        assert worker.stats.loop_turns - turns == len(sleeps.asked) - 1 - first  # one each
+        assert all(seconds > 240 for seconds in sleeps.asked[first:]), sleeps.asked
+        assert worker.stats.claims == claims and sum(fake.reads.values()) == reads
     finally:
         worker.stop()
         await task
@@ -107,32 +124,34 @@ async def test_redirects_are_not_followed_and_their_urls_not_recorded(store, fak
 
 
 async def test_rows_claimed_ahead_of_free_slots_are_read_once_and_given_back_on_stop(
-        store, fake, make_worker):
+        store, fake, fake_url, make_worker):
     # lease mode claims up to half its concurrency (or batch) more than its free slots, so
     # a slot never waits for a claim; those rows are read as slots free, never twice, and a
     # stop gives back the ones not read yet (no counter moves, their old due time back)
     from .test_process import wait_for
 
-    fake.config.latency_s = 30.0  # every read hangs until the client gives up (1 s)
     for i in range(12):
         fake.add_job(f"j{i}", script=[{"sume_status": "completed", "terminal": True}])
         await store.add_job(f"j{i}", delay_s=0)
-    worker = make_worker(concurrency=4, batch_size=8)
-    assert worker._prefetch == 2
-    task = asyncio.create_task(worker.run())
-    try:
-        # four reads in flight, two rows claimed ahead: stable until the reads time out
-        await wait_for(lambda: sum(fake.in_flight.values()) == 4 and len(worker._ready) == 2,
-                       10, "four reads in flight and two rows ready")
-        ahead = [job.job_id for job in worker._ready]
-    finally:
-        worker.stop()
-        await asyncio.wait_for(task, 10)
+    gate = hold_reads(fake)  # every read waits at the fake until the test opens the gate
+    async with SumeClient(fake_url, API_KEY, timeout_s=60.0) as patient:
+        worker = Worker(store, patient, WorkerConfig(policy=FAST_POLICY, lease_s=120,
+                                                     concurrency=4, batch_size=8))
+        assert worker._prefetch == 2
+        task = asyncio.create_task(worker.run())
+        try:
+            # four reads in flight, two rows claimed ahead: stable while the gate is shut
+            await wait_for(lambda: sum(fake.in_flight.values()) == 4 and len(worker._ready) == 2,
+                           30, "four reads in flight and two rows ready")
+            ahead = [job.job_id for job in worker._ready]
+        finally:
+            worker.stop()
+            gate.set()  # the four reads in flight end, are recorded; the two ahead go back
+            await asyncio.wait_for(task, 30)
     for job_id in ahead:  # given back unread
         row = await store.get_job(job_id)
         assert row["claim_token"] is None and row["polls"] == 0 and row["errors_total"] == 0
         assert fake.reads[job_id] == 0
-    fake.config.latency_s = 0.0
     worker = make_worker(concurrency=4, batch_size=8, drain=True)
     await asyncio.wait_for(worker.run(), 20)
     assert await store.counts() == {"completed": 12} and fake.overlaps == 0
@@ -146,7 +165,8 @@ class StalledClaims(GatedClaims):
         super().__init__(inner)
         self.stall_s = stall_s
         self.stalls = 0
-        self.claims: list[tuple[float, list[str]]] = []
+        self.claims: list[tuple[Any, Any]] = []
+        """(claimed_at, lease end) of each claim of the row "late", by the database's clock."""
         self.released: list[str] = []
 
     async def release(self, jobs: Any) -> Any:
@@ -155,7 +175,9 @@ class StalledClaims(GatedClaims):
 
     async def claim(self, *args: Any, **kwargs: Any) -> Any:
         jobs = await self.inner.claim(*args, **kwargs)
-        self.claims.append((time.monotonic(), [j.job_id for j in jobs]))
+        if any(j.job_id == "late" for j in jobs):
+            row = await self.inner.get_job("late")
+            self.claims.append((row["claimed_at"], row["next_poll_at"]))
         if jobs and not self.stalls:
             self.stalls += 1
             await asyncio.sleep(self.stall_s)  # a pause, GC or CPU starvation
@@ -164,23 +186,25 @@ class StalledClaims(GatedClaims):
 
 async def test_a_row_whose_lease_is_too_short_for_one_read_is_left_unread(
         store, fake, client, caplog):
-    # lease 2 s, read timeout 1 s, and the claim's answer arrives 1.5 s late: a read started
-    # now could end after the lease, when another worker may already read the row
+    # lease 3 s, read timeout 1 s (+ 0.5 s for the write), and the claim's answer arrives 2 s
+    # late: a read started now could end after the lease, when another worker may already
+    # read the row. (The next claim has 1.5 s of slack for its read: room for a slow machine.)
     fake.add_job("late", script=[{"sume_status": "completed", "terminal": True}])
     await store.add_job("late", delay_s=-5)
-    stalled = StalledClaims(store, stall_s=1.5)
+    stalled = StalledClaims(store, stall_s=2.0)
     worker = Worker(stalled, client, WorkerConfig(  # type: ignore[arg-type]
-        lease_s=2, read_timeout_s=1, listen=False, idle_max_s=0.2))
+        lease_s=3, read_timeout_s=1, listen=False, idle_max_s=0.2))
     await run_until(worker, lambda: worker.stats.finished == 1, within_s=15)
     assert worker.stats.too_late_to_read == 1
     assert "too little lease left for one read" in caplog.text  # said, not silent
     assert fake.reads["late"] == 1  # read once: on the second claim, not the stalled one
     assert (await store.get_job("late"))["state"] == "completed"
     # left to its lease, not released (a release makes it due at once: a spin if every
-    # claim arrives late): claimed again only once the first lease had ended
+    # claim arrives late): claimed again only once the first lease had ended (both times by
+    # the database's clock, so no scheduling delay of this process enters the comparison)
     assert stalled.released == []
-    first, second = [at for at, ids in stalled.claims if "late" in ids][:2]
-    assert second - first >= 2.0 - 0.05
+    (_, first_lease_end), (second_claimed_at, _) = stalled.claims[:2]
+    assert second_claimed_at >= first_lease_end
 
 
 def test_a_lease_shorter_than_one_read_is_refused():

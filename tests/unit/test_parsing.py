@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import re
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -19,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import vidpoll.sql
-from vidpoll.config import DEFAULT_HTTP_TIMEOUT_S, DEFAULT_SUME_BASE_URL, Settings
+from vidpoll.config import DEFAULT_HTTP_TIMEOUT_S, DEFAULT_SUME_BASE_URL, ROOT_HOME, Settings
 from vidpoll.errors import ConfigError
 from vidpoll.policy import PollPolicy, next_poll_delay, parse_retry_after
 from vidpoll.sql import QUERIES, migrations
@@ -189,7 +190,10 @@ def test_settings_defaults() -> None:
     assert s.sume_base_url == DEFAULT_SUME_BASE_URL == "https://api.sume.com"
     assert s.sume_api_key == ""
     assert s.http_timeout_s == DEFAULT_HTTP_TIMEOUT_S == 15.0
-    assert s.home == Path(platformdirs.user_data_dir("vidpoll"))
+    # as root /var/lib/vidpoll (the embedded server runs as another user, who must traverse
+    # to its data: never under /root), else the platform's user data directory
+    assert s.home == (ROOT_HOME if os.geteuid() == 0
+                      else Path(platformdirs.user_data_dir("vidpoll")))
     assert s.policy == PollPolicy()
 
 

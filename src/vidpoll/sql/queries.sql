@@ -60,7 +60,7 @@ WITH o AS (
   FROM jsonb_to_recordset(%(outcomes)s::jsonb)
        AS o(job_id text, claim_token uuid, state text, delay_s float8, read_ok bool,
             http_status int, error_class text, error text, provider_status text, body jsonb,
-            request_id text, age_s float8)
+            request_id text, age_s float8, succeeded bool)
 )
 UPDATE video_jobs AS j
 SET state = o.state,
@@ -87,9 +87,9 @@ SET state = o.state,
     claim_token = NULL,
     -- every completed job's result is queued, whichever worker saw it complete; workers
     -- started with --fetch-results fetch them
-    result_state = CASE WHEN o.state = 'completed' THEN 'pending' ELSE j.result_state END,
-    result_next_at = CASE WHEN o.state = 'completed'
-                          THEN o.answered_at ELSE j.result_next_at END
+    -- `succeeded`: the provider's word says a video was made (completed, succeeded, ...)
+    result_state = CASE WHEN o.succeeded THEN 'pending' ELSE j.result_state END,
+    result_next_at = CASE WHEN o.succeeded THEN o.answered_at ELSE j.result_next_at END
 FROM o
 WHERE j.job_id = o.job_id
   AND j.claim_token = o.claim_token
@@ -272,9 +272,10 @@ SELECT pg_advisory_xact_lock(730619836, hashtext(%(account)s));
 -- name: claim_intents
 -- Claims one account's due intents for sending, committed at once (the lease is the schedule,
 -- as for jobs); the cap counts that account's renders only (Sume caps each account).
--- An intent already attempted (attempts > 0) may have started a render, so it holds a slot
--- under --max-active and is claimed without needing a new one; a fresh intent needs a free
--- slot. Fresh intents go strictly in (priority DESC, seq) order; with %(key)s set only that
+-- An intent already attempted (attempts > 0), and an `unknown` one, may have started a render,
+-- so it holds a slot under --max-active and is claimed without needing a new one; a fresh
+-- intent needs a free slot. Unknown intents due go first (their slow schedule), then retries,
+-- then fresh intents strictly in (priority DESC, seq) order; with %(key)s set only that
 -- intent is considered, and only if no due fresh intent is ahead of it for the slots left.
 WITH active AS (
   -- pending jobs and intents that may have started a render, each count bounded by the cap
@@ -287,6 +288,9 @@ WITH active AS (
                                   WHERE state = 'queued' AND attempts > 0
                                     AND account = %(account)s
                                   LIMIT %(max_active)s::int) q)
+         + (SELECT count(*) FROM (SELECT 1 FROM video_intents
+                                  WHERE state = 'unknown' AND account = %(account)s
+                                  LIMIT %(max_active)s::int) u)
          END AS n
 ),
 me AS (
@@ -305,6 +309,18 @@ paused AS (
                  WHERE account = %(account)s AND kind = 'create'
                    AND paused_until > clock_timestamp()) AS yes
 ),
+unknowns AS (
+  -- refused after an unknown outcome: re-sent on their own slow schedule (the small partial
+  -- index on (account, next_attempt_at))
+  SELECT ctid FROM video_intents
+  WHERE state = 'unknown' AND account = %(account)s
+    AND NOT (SELECT yes FROM paused)
+    AND next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+    AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
+  ORDER BY next_attempt_at
+  LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED
+),
 retries AS (
   SELECT ctid FROM video_intents
   WHERE state = 'queued' AND attempts > 0 AND account = %(account)s
@@ -312,7 +328,7 @@ retries AS (
     AND next_attempt_at <= coalesce(%(now)s::timestamptz, now())
     AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
   ORDER BY priority DESC, seq
-  LIMIT %(limit)s
+  LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM unknowns))
   FOR UPDATE SKIP LOCKED
 ),
 fresh AS (
@@ -323,13 +339,14 @@ fresh AS (
     AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
   ORDER BY priority DESC, seq
   LIMIT greatest(0, least(
-    %(limit)s - (SELECT count(*) FROM retries),
+    %(limit)s - (SELECT count(*) FROM unknowns) - (SELECT count(*) FROM retries),
     CASE WHEN %(max_active)s::int IS NULL THEN %(limit)s
          ELSE %(max_active)s::int - (SELECT n FROM active)
               - coalesce((SELECT n FROM ahead), 0) END))
   FOR UPDATE SKIP LOCKED
 ),
-picked AS (SELECT ctid FROM retries UNION ALL SELECT ctid FROM fresh)
+picked AS (SELECT ctid FROM unknowns UNION ALL SELECT ctid FROM retries
+           UNION ALL SELECT ctid FROM fresh)
 UPDATE video_intents AS i
 -- the lease starts now, by the wall clock: now() is when the transaction began, before the wait
 -- for the admission lock, and a lease that began in the past would end before the submitter
@@ -340,20 +357,60 @@ SET next_attempt_at = coalesce(%(now)s::timestamptz, clock_timestamp())
     claimed_by = %(worker_id)s,
     claimed_at = coalesce(%(now)s::timestamptz, now()),
     attempts = i.attempts + 1,
+    -- a previous claim whose attempt was never recorded (its token is still set: the process
+    -- died or hung with the POST possibly sent) is an unknown outcome too
+    unknown_outcome_at = CASE WHEN i.claim_token IS NOT NULL AND i.attempts > 0
+                              THEN coalesce(i.unknown_outcome_at,
+                                            coalesce(%(now)s::timestamptz, now()))
+                              ELSE i.unknown_outcome_at END,
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM picked
 WHERE i.ctid = picked.ctid
 RETURNING i.idempotency_key, i.claim_token, i.payload, i.attempts, i.consecutive_errors,
-          i.account;
+          i.account, i.state,
+          (i.unknown_outcome_at IS NOT NULL OR i.state = 'unknown') AS outcome_unknown;
+
+-- name: claim_unknown_intents
+-- While an account's submitting is paused for credits (402), its `unknown` intents still go
+-- out on their slow schedule (a top-up must bring their jobs back within minutes, and they
+-- already hold their slots); nothing else of that account is claimed. Leased like
+-- claim_intents; a server pause (429) stops these too.
+WITH picked AS (
+  SELECT ctid FROM video_intents
+  WHERE state = 'unknown' AND account = %(account)s
+    AND next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+    AND NOT EXISTS (SELECT 1 FROM vidpoll_rate_buckets
+                    WHERE account = %(account)s AND kind = 'create'
+                      AND paused_until > clock_timestamp())
+  ORDER BY next_attempt_at
+  LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE video_intents AS i
+SET next_attempt_at = coalesce(%(now)s::timestamptz, clock_timestamp())
+                      + make_interval(secs => %(lease_s)s::float8),
+    claim_token = gen_random_uuid(),
+    claimed_by = %(worker_id)s,
+    claimed_at = coalesce(%(now)s::timestamptz, now()),
+    attempts = i.attempts + 1,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM picked
+WHERE i.ctid = picked.ctid
+RETURNING i.idempotency_key, i.claim_token, i.payload, i.attempts, i.consecutive_errors,
+          i.account, i.state, true AS outcome_unknown;
 
 -- name: admission
 -- For `submit` and `intents stats`: how many renders of an account (NULL: all) may be
--- running, and what is queued.
+-- running, and what is queued. `unconfirmed`: intents attempted with no job yet, the
+-- `unknown` ones included (they hold their slots too).
 SELECT
   (SELECT count(*) FROM video_jobs WHERE state = 'pending'
      AND (%(account)s::text IS NULL OR account = %(account)s)) AS pending_jobs,
-  (SELECT count(*) FROM video_intents WHERE state = 'queued' AND attempts > 0
+  (SELECT count(*) FROM video_intents
+   WHERE ((state = 'queued' AND attempts > 0) OR state = 'unknown')
      AND (%(account)s::text IS NULL OR account = %(account)s)) AS unconfirmed,
+  (SELECT count(*) FROM video_intents WHERE state = 'unknown'
+     AND (%(account)s::text IS NULL OR account = %(account)s)) AS unknown,
   (SELECT count(*) FROM video_intents WHERE state = 'queued'
      AND (%(account)s::text IS NULL OR account = %(account)s)) AS queued;
 
@@ -387,7 +444,8 @@ WITH job AS (
       consecutive_errors = 0, claim_token = NULL,
       last_http_status = %(http_status)s, last_error_class = NULL,
       last_request_id = coalesce(%(request_id)s, last_request_id)
-  WHERE idempotency_key = %(key)s AND claim_token = %(token)s AND state = 'queued'
+  WHERE idempotency_key = %(key)s AND claim_token = %(token)s
+    AND state IN ('queued', 'unknown')
   RETURNING idempotency_key
 )
 SELECT (SELECT bool_or(inserted) FROM job) AS job_inserted,
@@ -395,9 +453,11 @@ SELECT (SELECT bool_or(inserted) FROM job) AS job_inserted,
 
 -- name: record_intent_retry
 -- An unknown outcome (timeout, 5xx, 429, ...): the intent stays queued and is sent again with
--- the same key after the delay. Fenced like job writes.
+-- the same key after the delay, and it remembers the unknown outcome (a later refusal then
+-- makes it `unknown`, not `rejected`). Fenced like job writes.
 UPDATE video_intents
 SET next_attempt_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
+    unknown_outcome_at = coalesce(unknown_outcome_at, coalesce(%(now)s::timestamptz, now())),
     consecutive_errors = consecutive_errors + 1,
     claim_token = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now()),
@@ -417,6 +477,24 @@ SET state = 'rejected', rejected_at = coalesce(%(now)s::timestamptz, now()),
 WHERE idempotency_key = %(key)s AND claim_token = %(token)s AND state = 'queued'
 RETURNING idempotency_key;
 
+-- name: record_intent_unknown
+-- Refused (or unanswered again) after an earlier unknown outcome: a render may be billed, so
+-- the intent is `unknown`, visible, and sent again with the same key after the (slow) delay.
+-- Sume's refusal is kept for the operator; an answer without one keeps the last refusal.
+UPDATE video_intents
+SET state = 'unknown',
+    next_attempt_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
+    unknown_outcome_at = coalesce(unknown_outcome_at, coalesce(%(now)s::timestamptz, now())),
+    consecutive_errors = consecutive_errors + 1, claim_token = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    last_http_status = %(http_status)s, last_error_class = %(error_class)s,
+    last_error = %(error)s, last_request_id = coalesce(%(request_id)s, last_request_id),
+    error_code = coalesce(%(error_code)s, error_code),
+    error_message = CASE WHEN %(error_code)s::text IS NULL THEN error_message
+                         ELSE %(error_message)s END
+WHERE idempotency_key = %(key)s AND claim_token = %(token)s AND state IN ('queued', 'unknown')
+RETURNING idempotency_key;
+
 -- name: release_intent
 -- Gives a claimed intent back without counting an attempt: it was never sent, or Sume refused
 -- the API key (nothing started). Due again after the delay.
@@ -424,31 +502,87 @@ UPDATE video_intents
 SET next_attempt_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
     attempts = greatest(0, attempts - 1), claim_token = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now())
-WHERE idempotency_key = %(key)s AND claim_token = %(token)s AND state = 'queued'
+WHERE idempotency_key = %(key)s AND claim_token = %(token)s AND state IN ('queued', 'unknown')
+RETURNING idempotency_key;
+
+-- name: resolve_intent_job
+-- `intents resolve KEY --job-id ID`: an operator found the job this key started (Sume's
+-- dashboard, support). The intent becomes submitted with that job and the job is tracked
+-- (polled now), in one statement. Refused (no row) for an intent being sent right now (its
+-- claim is live), one already submitted, or a job id tracked under another key.
+WITH i AS (
+  UPDATE video_intents
+  SET state = 'submitted', job_id = %(job_id)s,
+      submitted_at = coalesce(%(now)s::timestamptz, now()),
+      updated_at = coalesce(%(now)s::timestamptz, now()),
+      resolution = 'job', resolved_at = coalesce(%(now)s::timestamptz, now()),
+      rejected_at = NULL, consecutive_errors = 0, claim_token = NULL
+  WHERE idempotency_key = %(key)s AND state IN ('queued', 'unknown', 'rejected')
+    AND (claim_token IS NULL OR next_attempt_at <= coalesce(%(now)s::timestamptz, now()))
+    AND NOT EXISTS (SELECT 1 FROM video_jobs j
+                    WHERE j.job_id = %(job_id)s AND j.idempotency_key IS NOT NULL
+                      AND j.idempotency_key <> %(key)s)
+    AND NOT EXISTS (SELECT 1 FROM video_intents o
+                    WHERE o.job_id = %(job_id)s AND o.idempotency_key <> %(key)s)
+  RETURNING idempotency_key, account
+), job AS (
+  INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key, account)
+  SELECT %(job_id)s, 'pending', coalesce(%(now)s::timestamptz, now()), i.idempotency_key,
+         i.account
+  FROM i
+  ON CONFLICT (job_id) DO UPDATE
+    SET idempotency_key = coalesce(video_jobs.idempotency_key, EXCLUDED.idempotency_key)
+  RETURNING (xmax = 0) AS inserted
+)
+SELECT (SELECT idempotency_key FROM i) AS key,
+       coalesce((SELECT bool_or(inserted) FROM job), false) AS job_inserted;
+
+-- name: resolve_intent_not_billed
+-- `intents resolve KEY --not-billed`: an operator established that nothing was billed (or
+-- gives up on the request). Final, like a rejection, with Sume's last refusal kept; never
+-- for an intent being sent right now or one already submitted.
+UPDATE video_intents
+SET state = 'rejected', rejected_at = coalesce(%(now)s::timestamptz, now()),
+    resolution = 'not_billed', resolved_at = coalesce(%(now)s::timestamptz, now()),
+    updated_at = coalesce(%(now)s::timestamptz, now()), claim_token = NULL
+WHERE idempotency_key = %(key)s AND state IN ('queued', 'unknown')
+  AND (claim_token IS NULL OR next_attempt_at <= coalesce(%(now)s::timestamptz, now()))
 RETURNING idempotency_key;
 
 -- name: requeue_intents
 -- `vidpoll intents retry`: rejected intents back to the queue, due now, with fresh counts; a
--- queued intent is made due now. Never one whose claim is live (it is being sent).
+-- queued or `unknown` intent is made due now (an unknown one stays unknown: its render may be
+-- billed). Never one whose claim is live (it is being sent).
 UPDATE video_intents
-SET state = 'queued', next_attempt_at = coalesce(%(now)s::timestamptz, now()),
-    -- a rejection means nothing started under this key, so it waits for a free slot and its
-    -- turn like a new intent instead of going out as an in-doubt retry
+SET state = CASE WHEN state = 'unknown' THEN 'unknown' ELSE 'queued' END,
+    next_attempt_at = coalesce(%(now)s::timestamptz, now()),
+    -- a rejection means nothing started under this key (Sume said so, or an operator
+    -- resolved it as not billed), so it waits for a free slot and its turn like a new intent
+    -- instead of going out as an in-doubt retry
     attempts = CASE WHEN state = 'rejected' THEN 0 ELSE attempts END,
+    unknown_outcome_at = CASE WHEN state = 'rejected' THEN NULL ELSE unknown_outcome_at END,
+    resolution = CASE WHEN state = 'rejected' THEN NULL ELSE resolution END,
+    resolved_at = CASE WHEN state = 'rejected' THEN NULL ELSE resolved_at END,
     consecutive_errors = 0, rejected_at = NULL, claim_token = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE (idempotency_key = ANY(%(keys)s::text[])
        OR (%(all_rejected)s AND state = 'rejected'
            AND (%(code)s::text IS NULL OR error_code = %(code)s)))
   AND (state = 'rejected'
-       OR (state = 'queued' AND (claim_token IS NULL
-                                 OR next_attempt_at <= coalesce(%(now)s::timestamptz, now()))))
+       OR (state IN ('queued', 'unknown')
+           AND (claim_token IS NULL
+                OR next_attempt_at <= coalesce(%(now)s::timestamptz, now()))))
 RETURNING idempotency_key;
 
 -- name: next_intent_due_in
--- Seconds until the earliest queued intent is due (database clock); NULL if none is queued.
+-- Seconds until the earliest queued or `unknown` intent of `accounts` is due (database
+-- clock), counting only the unknown ones of `unknown_accounts` (paused for credits); NULL if
+-- none is waiting.
 SELECT extract(epoch FROM min(next_attempt_at) - now())::float8 AS next_due_in_s
-FROM video_intents WHERE state = 'queued' AND account = ANY(%(accounts)s::text[]);
+FROM video_intents
+WHERE (state = 'queued' AND account = ANY(%(accounts)s::text[]))
+   OR (state = 'unknown'
+       AND account = ANY(%(accounts)s::text[] || %(unknown_accounts)s::text[]));
 
 -- name: count_intents_by_state
 SELECT state, count(*) AS n FROM video_intents GROUP BY state ORDER BY state;
@@ -555,10 +689,13 @@ ORDER BY account;
 
 -- name: webhook_receive
 -- One delivery, in one statement: record the event (a repeat of its id or of its signature
--- changes nothing) and, for a new one, poke its pending job: an unclaimed row is made due now
--- (the NOTIFY trigger on "made due sooner" wakes idle workers); a row a worker is reading gets
--- poked_at, and that read's record makes it due again at once. The UPDATE re-checks the row
--- after any lock wait, so a lock-mode read in flight is handled like a leased one.
+-- changes nothing; the signature is the `v1=<hex>` value that verified, so a replay whose
+-- header is re-spaced or re-ordered is still a repeat, and rows stored before, the raw header
+-- of Sume's usual single value, compare equal to it) and, for a new one, poke its pending job:
+-- an unclaimed row is made due now (the NOTIFY trigger on "made due sooner" wakes idle
+-- workers); a row a worker is reading gets poked_at, and that read's record makes it due
+-- again at once. The UPDATE re-checks the row after any lock wait, so a lock-mode read in
+-- flight is handled like a leased one.
 WITH event AS (
   INSERT INTO vidpoll_webhook_events (event_id, job_id, effect, signature)
   SELECT %(event_id)s, %(job_id)s,
@@ -885,7 +1022,10 @@ RETURNING job_id, claim_token IS NULL AS made_due;
 -- name: prune_finished
 -- `jobs prune`: one batch of rows finished before `before` moved to video_jobs_archive, in one
 -- statement (the DELETE's rows are the INSERT's). Rows whose result or deliveries are still
--- to do stay: moving them would strand that work.
+-- to do stay: moving them would strand that work (prune_kept says why each stayed).
+-- The columns are named: a column someone added to video_jobs is not archived (prune says
+-- so) instead of failing the INSERT or landing in archived_at; a column a migration adds to
+-- both tables is added here too (test_retention checks the list against the archive's).
 WITH batch AS (
   SELECT job_id FROM video_jobs j
   WHERE j.state <> 'pending' AND j.finished_at < %(before)s::timestamptz
@@ -901,7 +1041,19 @@ WITH batch AS (
   DELETE FROM video_jobs j USING batch WHERE j.job_id = batch.job_id
   RETURNING j.*
 )
-INSERT INTO video_jobs_archive SELECT * FROM moved  -- archived_at takes its default
+INSERT INTO video_jobs_archive (  -- archived_at takes its default
+  job_id, state, next_poll_at, created_at, updated_at, polling_since, finished_at, polls,
+  consecutive_errors, errors_total, not_found_count, last_polled_at, last_http_status,
+  last_error_class, last_error, last_request_id, provider_status, last_response, claim_token,
+  claimed_by, claimed_at, idempotency_key, account, poked_at, result, result_state,
+  result_next_at, result_attempts, result_token, result_error, result_fetched_at)
+SELECT
+  job_id, state, next_poll_at, created_at, updated_at, polling_since, finished_at, polls,
+  consecutive_errors, errors_total, not_found_count, last_polled_at, last_http_status,
+  last_error_class, last_error, last_request_id, provider_status, last_response, claim_token,
+  claimed_by, claimed_at, idempotency_key, account, poked_at, result, result_state,
+  result_next_at, result_attempts, result_token, result_error, result_fetched_at
+FROM moved
 RETURNING job_id;
 
 -- name: get_archived_job
@@ -1004,3 +1156,100 @@ ORDER BY c.name;
 -- enough for an index to be the right plan).
 SELECT greatest(reltuples, 0)::bigint AS estimate
 FROM pg_class WHERE oid = 'video_jobs'::regclass;
+
+-- ---------------------------------------------------------------------------------------------
+-- Retention (`jobs prune`): why rows stay, and the history and webhook events it deletes.
+
+-- name: prune_kept
+-- After the archiving: why each row finished before `before` is still in video_jobs, one
+-- reason per row (the first that applies), counted, with the consumer to blame and the oldest
+-- finish. "Stale" work was due more than stale_s ago and nobody took it: no worker doing that
+-- work is running. A job's download goes first (its hooks wait for it).
+WITH kept AS (
+  SELECT j.finished_at, d.consumer,
+         CASE WHEN EXISTS (SELECT 1 FROM video_jobs_archive a WHERE a.job_id = j.job_id)
+                THEN 'already_archived'
+              WHEN j.result_state = 'pending'
+                   AND j.result_next_at < now() - make_interval(secs => %(stale_s)s::float8)
+                THEN 'result_unfetched'
+              WHEN j.result_state = 'pending' THEN 'result_pending'
+              WHEN d.consumer IS NOT NULL THEN d.reason
+              ELSE 'busy' END AS reason
+  FROM video_jobs j
+  LEFT JOIN LATERAL (
+    SELECT d.consumer,
+           CASE WHEN c.name IS NULL THEN 'consumer_gone'
+                WHEN d.next_at < now() - make_interval(secs => %(stale_s)s::float8)
+                  THEN 'delivery_stalled'
+                ELSE 'delivery_pending' END AS reason
+    FROM vidpoll_deliveries d
+    LEFT JOIN vidpoll_consumers c ON c.name = d.consumer
+    WHERE d.job_id = j.job_id AND d.state = 'pending'
+    ORDER BY c.name IS NULL DESC, d.consumer = 'download' DESC, d.next_at, d.consumer
+    LIMIT 1
+  ) d ON true
+  WHERE j.state <> 'pending' AND j.finished_at < %(before)s::timestamptz
+)
+SELECT reason, consumer, count(*) AS n, min(finished_at) AS oldest_finished
+FROM kept
+GROUP BY reason, consumer
+ORDER BY count(*) DESC, reason, consumer;
+
+-- name: unarchived_columns
+-- Columns of video_jobs that prune does not copy to the archive (added by someone, not by a
+-- migration): their values are lost when a row is archived, and prune says so.
+SELECT attname::text AS column_name
+FROM pg_attribute
+WHERE attrelid = 'video_jobs'::regclass AND attnum > 0 AND NOT attisdropped
+  AND attname::text <> ALL(%(archived)s::text[])
+ORDER BY attnum;
+
+-- name: prune_job_events
+-- One window of the history: the next `batch` events after `after_id` by the primary key (so
+-- a run reads the table once, whatever it keeps), deleting those of jobs no longer in
+-- video_jobs (archived, or deleted by hand) whose whole history is older than older_than_s
+-- (by the database's clock); a job's history goes all at once, never half. Returns where the
+-- window ended, how many of its events were that old, and how many of those it deleted (the
+-- rest belong to jobs still in video_jobs). Ids follow insertion, so a window with no event
+-- that old ends the run.
+WITH cutoff AS (
+  SELECT now() - make_interval(secs => %(older_than_s)s::float8) AS at
+), scan AS (
+  SELECT e.id, e.job_id, e.at < cutoff.at AS old
+  FROM video_job_events e, cutoff
+  WHERE e.id > %(after_id)s
+  ORDER BY e.id
+  LIMIT %(batch)s
+), doomed AS (
+  SELECT s.id FROM scan s, cutoff
+  WHERE s.old
+    AND NOT EXISTS (SELECT 1 FROM video_jobs j WHERE j.job_id = s.job_id)
+    -- the job's history goes whole: none of its events may be newer
+    AND NOT EXISTS (SELECT 1 FROM video_job_events n
+                    WHERE n.job_id = s.job_id AND n.at >= cutoff.at)
+), gone AS (
+  DELETE FROM video_job_events e USING doomed WHERE e.id = doomed.id
+  RETURNING e.id
+)
+SELECT max(s.id) AS last_id, count(*) AS scanned, count(*) FILTER (WHERE s.old) AS old,
+       (SELECT count(*) FROM gone) AS deleted
+FROM scan s;
+
+-- name: prune_webhook_events
+-- One window of the webhook events (the replay de-duplication) by event id, deleting those
+-- received more than older_than_s ago by the database's clock (the caller keeps at least the
+-- replay window: a delivery is accepted while its timestamp is within the tolerance of now,
+-- either way).
+WITH scan AS (
+  SELECT event_id, received_at FROM vidpoll_webhook_events
+  WHERE event_id > %(after)s
+  ORDER BY event_id
+  LIMIT %(batch)s
+), gone AS (
+  DELETE FROM vidpoll_webhook_events w USING scan s
+  WHERE w.event_id = s.event_id
+    AND s.received_at < now() - make_interval(secs => %(older_than_s)s::float8)
+  RETURNING w.event_id
+)
+SELECT max(s.event_id) AS last_key, count(*) AS scanned, (SELECT count(*) FROM gone) AS deleted
+FROM scan s;

@@ -55,8 +55,11 @@ def make_app(store: PgStore, webhook_secret: str | None,
                                      status=413)
         body = await request.read()
         try:
-            verify(webhook_secret, request.headers.get("X-Sume-Timestamp"),
-                   request.headers.get("X-Sume-Signature"), body, clock(), tolerance_s)
+            # the value that matched, not the raw header: a repeat re-spaced, re-ordered or
+            # padded with other values is still the same signed delivery
+            signed = verify(webhook_secret, request.headers.get("X-Sume-Timestamp"),
+                            request.headers.get("X-Sume-Signature"), body, clock(),
+                            tolerance_s)
         except WebhookRejected as exc:
             log.warning("webhook refused: %s", exc)
             return web.json_response({"error": "invalid signature or timestamp"}, status=401)
@@ -66,8 +69,7 @@ def make_app(store: PgStore, webhook_secret: str | None,
             return web.json_response({"error": "need X-Sume-Event-Id and a job id in the body"},
                                      status=400)
         try:
-            effect, made_due = await store.receive_webhook(
-                event_id[:200], job_id, request.headers.get("X-Sume-Signature", "")[:1000])
+            effect, made_due = await store.receive_webhook(event_id[:200], job_id, signed)
         except DatabaseUnavailable:
             # Sume retries a delivery that failed; polling finds the state meanwhile anyway
             return web.json_response({"error": "database unavailable"}, status=503)

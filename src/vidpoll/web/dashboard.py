@@ -32,7 +32,14 @@ from markupsafe import Markup, escape
 
 from vidpoll.logs import Redactor, secrets_from_env
 from vidpoll.media import without_signatures
-from vidpoll.models import LOCAL_TERMINAL_STATES, PENDING, QUEUED, REJECTED, SUBMITTED
+from vidpoll.models import (
+    LOCAL_TERMINAL_STATES,
+    PENDING,
+    QUEUED,
+    REJECTED,
+    SUBMITTED,
+    UNKNOWN,
+)
 from vidpoll.store import InvalidCursor, PgStore
 
 SESSION_COOKIE = "vidpoll_session"
@@ -45,7 +52,7 @@ FORWARDED_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real
 DONE_WORDS = frozenset({"poll_now", "resume", "poll_now_refused", "resume_refused", "retried",
                         "retry_refused"})
 CHART_MINUTES = 60
-INTENT_STATES = (REJECTED, QUEUED, SUBMITTED)
+INTENT_STATES = (REJECTED, UNKNOWN, QUEUED, SUBMITTED)
 WRONG_TOKEN_DELAY_S = 1.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -257,7 +264,8 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
         if state not in INTENT_STATES:
             raise web.HTTPBadRequest(text=f"unknown state {state!r}")
         return render(request, "intents.html", state=state, states=INTENT_STATES,
-                      rows=await store.list_intents(state, 200), done=_done(request))
+                      rows=await store.list_intents(state, 200), done=_done(request),
+                      counts=await store.intent_counts())
 
     async def retry_intent(request: web.Request) -> web.StreamResponse:
         form = await request.post()
