@@ -85,6 +85,15 @@ def _checks(report: dict[str, Any], latest: int) -> Iterator[Finding]:
                       "them; look at that worker (hung, or its database connection cut)")
     else:
         yield Finding("stuck claims", OK, "no lease overdue by more than a minute")
+    unknown = int(report.get("unknown_intents") or 0)
+    if unknown:
+        yield Finding("unknown intents", WARN, f"{unknown} intent(s) refused after an earlier "
+                      "attempt's outcome was unknown: a render may be billed and is not yet "
+                      "tracked; they are re-sent with the same key every 2 minutes at most",
+                      "`vidpoll intents list --state unknown`; once you know from Sume's "
+                      "records, `vidpoll intents resolve KEY --job-id ID` or `--not-billed`")
+    else:
+        yield Finding("unknown intents", OK, "none")
 
 
 def _plan_nodes(node: Any) -> Iterator[dict[str, Any]]:

@@ -843,7 +843,8 @@ class PgStore:
                 "indexes": await self._all("doctor_hot_indexes", {}),
                 "xmin": await self._all("doctor_xmin", {}),
                 "connections": await self._one("doctor_connections", {}),
-                "stuck_claims": await self.stuck_claims()}
+                "stuck_claims": await self.stuck_claims(),
+                "unknown_intents": (await self.intent_counts()).get(UNKNOWN, 0)}
 
     # -- submission intents -----------------------------------------------------------------
     async def add_intent(self, key: str, payload: dict[str, Any], priority: int = 0,
