@@ -189,6 +189,9 @@ class FakeSume:
         self.create_times: list[float] = []
         self.read_log: list[tuple[float, str, int]] = []
         """(monotonic time, API key, HTTP status) of every authorized status read."""
+        self.answer_log: list[tuple[float, str]] = []
+        """(wall-clock time, job id) of every 200 status answer, as it leaves: when a client
+        may count the answer's hint from, at the earliest (the chaos run's hint check)."""
         self.results_served: Counter[str] = Counter()
         """200 answers of GET .../result per job."""
         self.media_links: dict[str, float] = {}
@@ -516,6 +519,8 @@ class FakeSume:
         self.read_log.append((time.monotonic(),
                               request.headers.get("Authorization", "").removeprefix("Bearer "),
                               answer.status))
+        if answer.status == 200:
+            self.answer_log.append((time.time(), job_id))
         return answer
 
     async def _status_answer(self, job_id: str) -> web.StreamResponse:

@@ -558,13 +558,25 @@ def stale_writes(audit: list[AuditRow]) -> list[str]:
                                         and a.app != ("vidpoll " + (a.claimed_by or ""))[:63])]
 
 
-def short_hints(audit: list[AuditRow]) -> list[str]:
-    """Not-ready reads recorded with a due time sooner than the server's hint after the answer
-    (`last_polled_at`, the answer's time; whether reads then wait for that due time is
-    early_reads' check, against the proxy's own log of when each read passed)."""
-    return [f"{a.job_id}: due in {a.due_after_s:.3f}s < hint {a.hint}" for a in audit
-            if a.kind == "record" and a.read_ok and a.state == "pending"
-            and a.hint is not None and a.due_after_s < min(a.hint, 3600.0) - 0.001]
+def short_hints(audit: list[AuditRow], answers: list[tuple[float, str]]) -> list[str]:
+    """Not-ready reads recorded with a due time sooner than the server's hint after the
+    answer left the fake (its own log, `answers`: (wall-clock time, job id)), so the check
+    does not take vidpoll's word for when the answer came."""
+    sent: dict[str, list[float]] = defaultdict(list)
+    for t, job in answers:
+        sent[job].append(t)
+    short = []
+    for a in audit:
+        if not (a.kind == "record" and a.read_ok and a.state == "pending"
+                and a.hint is not None):
+            continue
+        before = [t for t in sent.get(a.job_id, []) if t <= a.at + CLOCK_SLACK_S]
+        if not before:
+            continue  # no 200 answer logged before this record: nothing to count from
+        due_after_s = a.next_poll_at - before[-1]
+        if due_after_s < min(a.hint, 3600.0) - 0.001:
+            short.append(f"{a.job_id}: due {due_after_s:.3f}s after the answer < hint {a.hint}")
+    return short
 
 
 def early_reads(reads: list[tuple[float, int | None, str]], audit: list[AuditRow],
@@ -660,7 +672,7 @@ def _check(url: str, fake: FakeSume, proxy: ChaosProxy, fleet: Fleet, keys: list
                [j for j, r in rows.items() if r[0] in TERMINAL and not calls[j]])
     audit_rows = [AuditRow(*row) for row in audit]
     _violation(figures, "stale_writes_accepted", stale_writes(audit_rows))
-    _violation(figures, "due_sooner_than_hint", short_hints(audit_rows))
+    _violation(figures, "due_sooner_than_hint", short_hints(audit_rows, fake.answer_log))
     reads = proxy.reads
     figures.reads_seen_by_proxy = len(reads)
     figures.reads_attributed_to_a_worker = sum(1 for _, pid, _ in reads if pid)

@@ -40,9 +40,13 @@ def test_a_write_by_a_process_not_holding_the_claim_is_caught():
 
 
 def test_a_due_time_sooner_than_the_hint_is_caught():
-    assert short_hints([row("record", 1.0, 2.0, hint=0.6, due_after_s=0.6)]) == []
-    assert short_hints([row("record", 1.0, 2.0, hint=0.6, due_after_s=0.4)]) == [
-        "j: due in 0.400s < hint 0.6"]
+    # the fake sent the answer at 1.0; the record (at 1.05) made the row due at 1.6 or 1.4
+    answers = [(0.2, "j"), (1.0, "j"), (3.0, "j")]
+    assert short_hints([row("record", 1.05, 1.6, hint=0.6)], answers) == []
+    assert short_hints([row("record", 1.05, 1.4, hint=0.6)], answers) == [
+        "j: due 0.400s after the answer < hint 0.6"]
+    # counted from the fake's own log, not from what vidpoll recorded as the answer's time
+    assert short_hints([row("record", 1.05, 1.4, hint=0.6, due_after_s=0.6)], answers) != []
 
 
 @pytest.mark.slow

@@ -368,7 +368,13 @@ FROM picked
 WHERE i.ctid = picked.ctid
 RETURNING i.idempotency_key, i.claim_token, i.payload, i.attempts, i.consecutive_errors,
           i.account, i.state,
-          (i.unknown_outcome_at IS NOT NULL OR i.state = 'unknown') AS outcome_unknown;
+          -- attempts > 1 (counted after this claim's increment): an earlier attempt was
+          -- neither given back unsent (release_intent takes its count back) nor answered
+          -- clearly (that ends the intent), so its outcome was unknown, even when a
+          -- submitter from before 0010 recorded it without unknown_outcome_at (a rolling
+          -- upgrade: migrate first, submitters restarted after)
+          (i.unknown_outcome_at IS NOT NULL OR i.state = 'unknown' OR i.attempts > 1)
+            AS outcome_unknown;
 
 -- name: claim_unknown_intents
 -- While an account's submitting is paused for credits (402), its `unknown` intents still go
