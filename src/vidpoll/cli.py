@@ -536,7 +536,8 @@ def _cell(value: Any) -> str:
 def jobs_watch(job_id: str, timeout: float | None) -> None:
     """Block until a job is final (LISTEN/NOTIFY, with a re-read every 5 s); print its state.
 
-    Exit 0 if it completed, 7 if it ended otherwise, 8 on --timeout.
+    Exit 0 if it ended with a video (completed, succeeded, ...), 7 if it ended otherwise, 8
+    on --timeout.
     """
     settings = _settings()
 
@@ -859,7 +860,7 @@ def _json_default(value: Any) -> Any:
 @click.option("--queue-only", is_flag=True,
               help="Only record the intent; let a running worker send it.")
 @click.option("--wait", "wait_", is_flag=True,
-              help="Block until the job is final; exit 0 if completed, 7 otherwise.")
+              help="Block until the job is final; exit 0 if it made a video, 7 otherwise.")
 @click.option("--timeout", type=click.FloatRange(0), help="With --wait: give up after S "
                                                           "seconds (exit 8); the job goes on.")
 @click.option("--max-active", type=click.IntRange(1, 1_000_000),

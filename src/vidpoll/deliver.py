@@ -558,6 +558,9 @@ class Deliverer(Runner):
                           "stopped)", what, timeout_s)
             return await running
         except asyncio.CancelledError:
+            # still waiting for a free thread: it never starts (a hook that started late,
+            # after its attempt was given up, would run with no lease kept for it)
+            thread.cancel()
             if not thread.done():
                 log.warning("%s still runs in its thread and its lease is no longer extended: "
                             "unless it ends first, this process ends before the lease can "
