@@ -45,7 +45,7 @@ def test_a_hook_still_held_when_its_lease_is_about_to_lapse_ends_the_process(cap
     fence = LeaseFence(0.2, ended)
     lease = HeldLease(time.monotonic() + 0.3)
     fence.hold(lease, "job j1: hook h (in its thread)")
-    assert ended.event.wait(10)
+    assert ended.event.wait(30)
     assert ended.codes == [LOST_LEASE_EXIT_CODE]
     assert ended.at[0] >= lease.ends_at - 0.1  # not before half the margin is left
     assert critical(caplog).startswith("job j1: hook h (in its thread) still runs")
@@ -55,14 +55,15 @@ def test_an_extended_lease_is_waited_for_and_a_released_one_never_ends_anything(
     ended = Ended()
     fence = LeaseFence(0.2, ended)
     now = time.monotonic()
-    # seconds of room, so a slow machine still extends and releases before they could end
-    extended, released = HeldLease(now + 2), HeldLease(now + 2)
+    # seconds of room (the watchdog acts at the margin, 0.1 s before): a machine that stalls
+    # this test for up to ~5 s between two lines still extends and releases in time
+    extended, released = HeldLease(now + 5), HeldLease(now + 5)
     fence.hold(extended, "extended")
     release = fence.hold(released, "released")
     release()
     release()  # twice is harmless
     extended.ends_at = now + 3600  # a heartbeat got through
-    sentinel = HeldLease(now + 2.5)
+    sentinel = HeldLease(now + 5.5)
     fence.hold(sentinel, "sentinel")  # ends it, after the other two would have
     assert ended.event.wait(10)
     assert ended.codes == [LOST_LEASE_EXIT_CODE]
