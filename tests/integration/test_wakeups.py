@@ -82,5 +82,6 @@ async def test_rows_locked_by_others_do_not_cause_a_hot_loop(store, make_worker)
     # due but locked: each empty claim is followed by a BUSY_RETRY_S sleep (0.25 s) that
     # lasts, never thousands of claims a second
     assert sleeps.notes[:3] == [1, 2, 3], sleeps.notes
+    assert BUSY_RETRY_S >= 0.1  # a floor worth the name: ten claims a second at most
     assert sleeps.asked[:3] == [BUSY_RETRY_S] * 3 and sleeps.ended[:3] == ["timeout"] * 3
     assert worker.stats.reads == 0
