@@ -52,6 +52,8 @@ from vidpoll.policy import (
     validate_key,
     validate_payload,
 )
+from vidpoll.schema import _first_line, redact_url
+from vidpoll.schema import migrate as migrate  # re-exported: callers import it from here
 from vidpoll.sql import QUERIES, migrations
 
 log = logging.getLogger(__name__)
@@ -85,16 +87,6 @@ PRUNE_KEPT_REASONS = {
     "busy": "it was being written during the prune: the next prune moves it",
 }
 """What each reason of prune_kept means, as `jobs prune` prints it ({consumer}: its name)."""
-
-
-def redact_url(url: str) -> str:
-    """A connection string without its password, for messages."""
-    try:
-        info = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
-        return "<unparseable DATABASE_URL>"
-    info.pop("password", None)
-    return " ".join(f"{k}={v}" for k, v in info.items())
 
 
 def create_database_if_missing(admin_url: str, database: str) -> None:
@@ -1024,11 +1016,6 @@ class PgStore:
         return {r["state"]: r["n"] for r in await self._all("count_intents_by_state", {})}
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 async def _probe(url: str, timeout_s: float) -> None:
     try:
         conn = await psycopg.AsyncConnection.connect(url, connect_timeout=max(1, int(timeout_s)))
@@ -1037,45 +1024,3 @@ async def _probe(url: str, timeout_s: float) -> None:
             f"cannot connect to PostgreSQL at {redact_url(url)}: {_first_line(exc)}; "
             "is it running, and is DATABASE_URL right?") from exc
     await conn.close()
-
-
-async def migrate(url: str, timeout_s: float = 10.0) -> list[str]:
-    """Apply every migration not applied yet, in one transaction under an advisory lock.
-
-    Safe to run concurrently and repeatedly: a second run waits for the lock, then finds
-    nothing to do. Returns the names of the files it applied.
-    """
-    try:
-        conn = await psycopg.AsyncConnection.connect(url, connect_timeout=max(1, int(timeout_s)))
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {redact_url(url)}: {_first_line(exc)}") from exc
-    applied: list[str] = []
-    try:
-        async with conn.transaction():
-            # Waits for DDL on a table the seed's loop keeps busy instead of failing at once,
-            # but never forever.
-            await conn.execute("SET LOCAL lock_timeout = '60s'")
-            await conn.execute(_q("lock_migrations"))
-            await conn.execute(_q("create_migrations_table"))
-            cur = await conn.execute(_q("applied_migrations"))
-            done = {r[0] for r in await cur.fetchall()}
-            shipped = migrations()
-            if done and max(done) > len(shipped):
-                raise SchemaError(f"schema version {max(done)} is newer than this vidpoll "
-                                  f"({len(shipped)}); upgrade vidpoll")
-            if len(done) < len(shipped):
-                await conn.execute(_q("lock_jobs_table"))
-            for version, name, sql in shipped:
-                if version in done:
-                    continue
-                log.info("applying migration %s", name)
-                await conn.execute(sql)
-                await conn.execute(_q("record_migration"), {"version": version, "name": name})
-                applied.append(name)
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"PostgreSQL went away during migrate: {exc}") from exc
-    finally:
-        await conn.close()
-    return applied
-

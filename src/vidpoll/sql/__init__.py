@@ -1,4 +1,4 @@
-"""Loads the named queries of queries.sql and the migration files, once."""
+"""Loads the named queries of the .sql files here and the migration files, once."""
 
 from __future__ import annotations
 
@@ -9,13 +9,17 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
 def _load_queries() -> dict[str, str]:
-    text = resources.files(__package__).joinpath("queries.sql").read_text(encoding="utf-8")
-    parts = _NAME.split(text)
+    """Every `-- name:` query of every .sql file in this folder (queries.sql and the files
+    beside it, one per subject); a name defined twice is an error."""
     queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in queries:
-            raise ValueError(f"query {name!r} defined twice in queries.sql")
-        queries[name] = body.strip().rstrip(";")
+    files = sorted((e for e in resources.files(__package__).iterdir()
+                    if e.name.endswith(".sql")), key=lambda e: e.name)
+    for entry in files:
+        parts = _NAME.split(entry.read_text(encoding="utf-8"))
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in queries:
+                raise ValueError(f"query {name!r} defined twice (again in {entry.name})")
+            queries[name] = body.strip().rstrip(";")
     return queries
 
 
