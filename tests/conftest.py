@@ -226,14 +226,15 @@ def observe_sleeps(loop: Worker | Submitter,
     log = SleepLog()
     real_sleep = loop._sleep
 
-    async def sleep(seconds: float) -> None:
+    async def sleep(seconds: float) -> bool:
         log.asked.append(seconds)
         log.notes.append(note() if note is not None else None)
         await loop.signals.pulse()
-        await real_sleep(seconds)
+        woken = await real_sleep(seconds)
         log.ended.append("stop" if loop._stopping.is_set()
                          else "woken" if loop._wake.is_set() else "timeout")
         await loop.signals.pulse()
+        return woken
 
     loop._sleep = sleep  # type: ignore[method-assign]
     return log

@@ -173,7 +173,10 @@ def migrate_cmd() -> None:
 @click.option("--batch-size", default=100, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--lease-seconds", type=click.FloatRange(1, 3600),
               help="Lease length; default: HTTP timeout + 10 s.")
-@click.option("--db-connections", default=4, show_default=True, type=click.IntRange(2, 100))
+@click.option("--db-connections", default=4, show_default=True, type=click.IntRange(2, 100),
+              help="PostgreSQL connections this process may hold, its one LISTEN connection "
+                   "included (the pool gets the rest; lock mode uses all but one of the pool "
+                   "for locked batches).")
 @click.option("--vacuum-every", default=DEFAULT_VACUUM_EVERY_ROWS, show_default=True,
               type=click.IntRange(0, 100_000_000), metavar="ROWS",
               help="VACUUM video_jobs after this many row versions this worker wrote (two a "
@@ -249,10 +252,16 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
         sys.exit(2)
     lease_s = lease_seconds or settings.http_timeout_s + DEFAULT_LEASE_MARGIN_S
     worker_id = default_worker_id()
+    # every runner of this process shares the store's one LISTEN connection: the pool gets
+    # the rest (docs/SCALING.md has the formula)
+    pool_size = max(1, db_connections - (0 if no_listen else 1))
+    if claim_mode == "lock" and pool_size < 2:
+        raise click.UsageError("--claim lock holds a pooled connection per locked batch: it "
+                               "needs --db-connections 3 or more (2 with --no-listen)")
     try:
         poll_config = WorkerConfig(
             concurrency=concurrency, claim_mode=ClaimMode(claim_mode), lease_s=lease_s,
-            batch_size=batch_size, lock_lanes=db_connections - 1, drain=drain,
+            batch_size=batch_size, lock_lanes=pool_size - 1, drain=drain,
             drain_waits_for_intents=not poll_only, listen=not no_listen,
             policy=settings.policy, worker_id=worker_id, accounts=served,
             budgets=settings.budgets("status", served), fetch_results=fetch_results,
@@ -275,7 +284,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
             sys.exit(2)
 
     async def go() -> None:
-        store = await _open_store(settings, db_connections, f"vidpoll {worker_id}")
+        store = await _open_store(settings, pool_size, f"vidpoll {worker_id}")
         try:
             async with contextlib.AsyncExitStack() as stack:
                 clients = {a: await stack.enter_async_context(SumeClient(

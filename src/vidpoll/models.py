@@ -332,6 +332,12 @@ class WorkerStats:
     max_late_s: float = 0.0
     """The latest any read started after its row was due (claim lateness + wait for a slot)."""
     db_errors: int = 0
+    probes: int = 0
+    """Idle checks of what is due next (one statement each) made instead of a claim."""
+    notify_wakeups: int = 0
+    """Claims made because a NOTIFY woke the loop."""
+    empty_notify_wakeups: int = 0
+    """Of those, the claims that found nothing (another worker was quicker)."""
     server_pauses: int = 0
     results_fetched: int = 0
     result_retries: int = 0

@@ -4,14 +4,13 @@ finished task sets, test signals, and a listener that turns notifications into w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from vidpoll.config import key_variable
@@ -38,7 +37,10 @@ IDLE_MAX_S = 30.0
 """An idle loop checks the table at least this often even if no NOTIFY arrives."""
 DB_BACKOFF_MAX_S = 30.0
 MINUTES_FLUSH_S = 10.0
-"""How often a loop adds its per-minute counters to vidpoll_minutes (one statement)."""
+"""How often a loop adds its per-minute counters to vidpoll_minutes (one statement; none
+when nothing was counted)."""
+FORGET_EVERY_S = 3600.0
+"""How often a loop that writes counters deletes those older than a week."""
 
 
 class MinutesStore(Protocol):
@@ -97,19 +99,34 @@ class Runner:
         self.minutes = Minutes()
         """Counters per minute, flushed to vidpoll_minutes by _minutes_flusher."""
         self._sampled_minute: datetime | None = None
+        self._forgot_at: datetime | None = None
         self._flush_failing = False
+        self.backlog_seen = True
+        """Whether this loop saw rows due (or claimed some) since the last backlog sample: an
+        idle worker neither samples nor writes an empty minute (issue 16's idle cost)."""
+        self._notified = False
+        """A NOTIFY arrived since the loop last looked (the listener sets it)."""
 
     def stop(self) -> None:
         """Stop claiming; work in flight finishes and is recorded, then run() returns."""
         self._stopping.set()
         self._wake.set()
 
-    async def _sleep(self, seconds: float) -> None:
-        """Sleep until `seconds` pass, a wake-up arrives, or stop()."""
+    async def _sleep(self, seconds: float) -> bool:
+        """Sleep until `seconds` pass, a wake-up arrives, or stop(); False if the time ran
+        out without a wake-up."""
         if seconds <= 0 or self._stopping.is_set():
-            return
-        with contextlib.suppress(TimeoutError):
+            return True
+        try:
             await asyncio.wait_for(self._wake.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    def _take_notified(self) -> bool:
+        """Whether a NOTIFY arrived since the last call."""
+        notified, self._notified = self._notified, False
+        return notified
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run `coro` as a task this loop waits for when it stops."""
@@ -177,12 +194,15 @@ class Runner:
         rows = self.minutes.drain()
         written = False
         try:
-            if sample_backlog and minute != self._sampled_minute:
+            if sample_backlog and minute != self._sampled_minute and self.backlog_seen:
                 due, oldest_s = await store.due_backlog_sample()
                 rows.append(((minute, "backlog", "*", "due"), due, oldest_s, oldest_s))
-                if self._sampled_minute is not None:
-                    await store.forget_old_minutes()
                 self._sampled_minute = minute
+                self.backlog_seen = due > 0
+            if rows and (self._forgot_at is None
+                         or now - self._forgot_at >= timedelta(seconds=FORGET_EVERY_S)):
+                await store.forget_old_minutes()
+                self._forgot_at = now
             await store.add_minutes(rows)
             written = True
             self._flush_failing = False
@@ -202,8 +222,10 @@ class Runner:
         failures = 0
         while not self._stopping.is_set():
             try:
-                async for _ in self._notifications():
+                async for note in self._notifications():
                     failures = 0
+                    if note.channel:
+                        self._notified = True
                     self._wake.set()  # the first item: (re)listening, so look once anyway
                     if not self.listening:
                         self.listening = True

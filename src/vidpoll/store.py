@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 import logging
 import select
@@ -231,11 +233,13 @@ class LockedBatch:
             return {r[0] for r in await cur.fetchall()}
 
 
-# A pooled connection used within the last second is handed out without the pool's check
-# (an empty query: a round trip per checkout, a tenth of a busy worker's database time). One
-# idle for longer, the kind a server restart leaves dead, is checked first. A connection that
-# dies within that second fails its statement, which the callers retry as an outage.
-_CHECK_AFTER_IDLE_S = 1.0
+# A pooled connection is handed out after a select() on its socket (no round trip): a server
+# that ended it (a restart, a failover, pg_terminate_backend) left its goodbye or EOF there.
+# Only one idle for longer than _CHECK_AFTER_IDLE_S gets the pool's full check too, an empty
+# query, which is a transaction of its own on the server: at 1 s, an idle worker's every
+# probe cost two (issue 16 counts an idle worker's transactions). A connection that died
+# silently (no FIN: a cut network) fails its statement, which the callers retry as an outage.
+_CHECK_AFTER_IDLE_S = 120.0
 _returned_at: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
     weakref.WeakKeyDictionary())
 
@@ -288,6 +292,101 @@ def _has_input(conn: psycopg.AsyncConnection[Any]) -> bool:
     return bool(readable)
 
 
+class _Listener:
+    """One LISTEN connection shared by every subscriber of a store.
+
+    A subscriber names its channels; a channel nobody listened to yet is added with LISTEN
+    (the reader steps out of notifies() for it; psycopg keeps what arrives meanwhile). Each
+    NOTIFY goes to the subscribers of its channel. When the connection drops, every
+    subscriber's iterator raises DatabaseUnavailable and the next subscribe reconnects; the
+    connection closes when its last subscriber leaves.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._channels: set[str] = set()
+        self._subscribers: dict[int, tuple[frozenset[str], asyncio.Queue[Notice | Exception]]] \
+            = {}
+        self._lock = asyncio.Lock()
+
+    async def subscribe(self, channels: Sequence[str]) -> AsyncIterator[Notice]:
+        queue: asyncio.Queue[Notice | Exception] = asyncio.Queue()
+        async with self._lock:
+            await self._listen(channels)
+            self._subscribers[id(queue)] = (frozenset(channels), queue)
+        try:
+            yield Notice("", "")
+            while True:
+                item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            self._subscribers.pop(id(queue), None)
+            if not self._subscribers:
+                async with self._lock:
+                    if not self._subscribers:
+                        await self._drop()
+
+    async def _listen(self, channels: Sequence[str]) -> None:
+        """Connected and listening on `channels` (caller holds the lock)."""
+        async with _translate_errors():
+            if self._conn is None or self._conn.closed:
+                await self._drop()
+                self._conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
+            new = [c for c in dict.fromkeys(channels) if c not in self._channels]
+            if new:
+                await self._stop_reader()
+                for channel in new:
+                    await self._conn.execute(psycopg.sql.SQL("LISTEN {}").format(
+                        psycopg.sql.Identifier(channel)))
+                    self._channels.add(channel)
+            if self._reader is None:
+                self._reader = asyncio.create_task(self._read(self._conn),
+                                                   name="vidpoll-listener")
+
+    async def _read(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        try:
+            async for note in conn.notifies():
+                for wanted, queue in list(self._subscribers.values()):
+                    if note.channel in wanted:
+                        queue.put_nowait(Notice(note.channel, note.payload))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the connection dropped: every subscriber reconnects
+            lost = DatabaseUnavailable(f"the LISTEN connection dropped: {_first_line(exc)}")
+            lost.__cause__ = exc
+            subscribers = list(self._subscribers.values())
+            self._subscribers.clear()
+            for _, queue in subscribers:
+                queue.put_nowait(lost)
+            self._reader = None
+            self._channels.clear()
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _stop_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None and not reader.done():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _drop(self) -> None:
+        await self._stop_reader()
+        conn, self._conn = self._conn, None
+        self._channels.clear()
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._drop()
+
+
 class PgStore:
     """The job table, through a small pool of autocommit connections."""
 
@@ -295,8 +394,8 @@ class PgStore:
         self._pool = pool
         self._url = url
         self._prepare = prepare
-        self._vacuum_conn: psycopg.AsyncConnection[Any] | None = None
         self._vacuum_notices: list[str] = []
+        self._listener = _Listener(url)
 
     @classmethod
     async def open(cls, url: str, *, max_size: int = 4, timeout_s: float = 10.0,
@@ -340,12 +439,13 @@ class PgStore:
 
     async def close(self) -> None:
         """Close every connection."""
-        if self._vacuum_conn is not None:
-            await self._vacuum_conn.close()
+        await self._listener.close()
         await self._pool.close()
 
     async def check_schema(self) -> int:
-        """Raise SchemaError unless the database is migrated to exactly this vidpoll's version."""
+        """Raise SchemaError unless this vidpoll works with the database's schema: migrated to
+        its version, or to a newer one whose every newer migration is marked compatible with
+        it (the latest row records the oldest code level that works: rolling deploys)."""
         latest = len(migrations())
         version = await self.schema_version()
         if version is None:
@@ -437,20 +537,22 @@ class PgStore:
     async def vacuum_jobs(self) -> bool:
         """VACUUM video_jobs; False if it was skipped (another vacuum held the table).
 
-        On a connection of its own, opened on first use: a VACUUM of a big table must not hold
-        one of the pool's few connections. A statement_timeout that cancels it raises
-        RuntimeError (not an outage: every later VACUUM would be cancelled the same way).
+        On one of the pool's connections (a process's connections stay within its pool and
+        its listener): the others serve the worker meanwhile. A statement_timeout that
+        cancels it raises RuntimeError (not an outage: every later VACUUM would be cancelled
+        the same way).
         """
+        def notice(diag: psycopg.errors.Diagnostic) -> None:
+            self._vacuum_notices.append(diag.message_primary or "")
+
         try:
-            async with _translate_errors():
-                conn = self._vacuum_conn
-                if conn is None or conn.closed:
-                    conn = self._vacuum_conn = await psycopg.AsyncConnection.connect(
-                        self._url, **_connect_kwargs(self._prepare))
-                    conn.add_notice_handler(
-                        lambda d: self._vacuum_notices.append(d.message_primary or ""))
+            async with _translate_errors(), self._pool.connection() as conn:
                 self._vacuum_notices.clear()
-                await conn.execute(_q("vacuum_jobs"))
+                conn.add_notice_handler(notice)
+                try:
+                    await conn.execute(_q("vacuum_jobs"))
+                finally:
+                    conn.remove_notice_handler(notice)
         except DatabaseUnavailable as exc:
             if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
                 raise RuntimeError(f"VACUUM was cancelled (statement_timeout?): "
@@ -463,6 +565,16 @@ class PgStore:
         """Seconds until the earliest pending row is due (database clock); None if none."""
         row = await self._one("next_due_in", {"accounts": list(accounts)})
         return None if row is None else cast(float | None, row["next_due_in_s"])
+
+    async def next_work_due_in(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,),
+                               results: bool = False) -> tuple[float | None, float | None]:
+        """(seconds until the earliest pending row is due, the same for result fetches, or
+        None for results=False) in one statement; None where nothing waits."""
+        row = await self._one("next_work_due_in", {"accounts": list(accounts),
+                                                   "results": results})
+        assert row is not None
+        return (cast(float | None, row["poll_due_in_s"]),
+                cast(float | None, row["result_due_in_s"]))
 
     async def has_pending(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,),
                           results: bool = False) -> bool:
@@ -671,25 +783,40 @@ class PgStore:
         assert row is not None
         return int(row["due"]), float(row["oldest_late_s"] or 0.0)
 
-    async def notifications(self, channels: Sequence[str] = (JOBS_CHANNEL,)
-                            ) -> AsyncIterator[Notice]:
+    # -- cheap scrapes (scrape.sql): /metrics and the overview never scan video_jobs ------
+    async def table_estimate(self) -> dict[str, Any]:
+        """PostgreSQL's estimate of video_jobs (catalog reads only): `rows` (None if never
+        vacuumed or analyzed), `states` and their `shares` in ANALYZE's sample (None if never
+        analyzed), `analyzed_at`."""
+        row = await self._one("scrape_table_estimate", {})
+        assert row is not None
+        return row
+
+    async def count_states_upto(self, upto: int) -> dict[str, int] | None:
+        """Exact rows per state if the table holds at most `upto` rows (reading at most
+        `upto` + 1 of them), else None."""
+        counts = {r["state"]: int(r["n"])
+                  for r in await self._all("scrape_count_states_upto", {"upto": upto})}
+        return None if sum(counts.values()) > upto else counts
+
+    async def pending_upto(self, upto: int) -> tuple[int, int, float]:
+        """(pending rows, rows due now: each exact up to `upto` and `upto` + 1 beyond it;
+        seconds the most overdue row is late), through the pending partial index."""
+        row = await self._one("scrape_pending", {"upto": upto})
+        assert row is not None
+        return int(row["pending"]), int(row["due"]), float(row["oldest_late_s"])
+
+    def notifications(self, channels: Sequence[str] = (JOBS_CHANNEL,)
+                      ) -> AsyncIterator[Notice]:
         """Yield Notice("", "") once LISTEN is in place, then one Notice per NOTIFY.
 
         The first item tells the caller it is listening (and that anything notified while it
-        was not may have been missed). Runs on a connection of its own; raises
-        DatabaseUnavailable when that connection drops, and the caller reconnects.
+        was not may have been missed). Every caller of one store shares ONE connection of its
+        own (not a pooled one): the poller, the submitter, the deliverer and any number of
+        wait() callers of a process cost one LISTEN connection, held while anyone listens.
+        Raises DatabaseUnavailable when that connection drops, and the caller reconnects.
         """
-        async with _translate_errors():
-            conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
-            try:
-                for channel in channels:
-                    await conn.execute(psycopg.sql.SQL("LISTEN {}").format(
-                        psycopg.sql.Identifier(channel)))
-                yield Notice("", "")
-                async for note in conn.notifies():
-                    yield Notice(note.channel, note.payload)
-            finally:
-                await conn.close()
+        return self._listener.subscribe(channels)
 
     # -- operations (0009) ----------------------------------------------------------------
     async def add_minutes(self, rows: Sequence[tuple[tuple[datetime, str, str, str], int,

@@ -121,6 +121,10 @@ class Store(MinutesStore, Protocol):
     async def release(self, jobs: Sequence[ClaimedJob]) -> set[str]:
         """Give rows back unread."""
 
+    async def next_work_due_in(self, accounts: Sequence[str] = ..., results: bool = ...
+                               ) -> tuple[float | None, float | None]:
+        """(seconds until the next row is due, the same for result fetches)."""
+
     async def next_due_in(self, accounts: Sequence[str] = ...) -> float | None:
         """Seconds until the next pending row is due."""
 
@@ -274,14 +278,19 @@ class Worker(Runner):
                     await task
             await self._flush_minutes(self.store)  # what the last reads counted
             await self.signals.pulse()
-            log.info("worker %s stopped: reads=%d finished=%d errors=%s fenced_out=%d",
-                     cfg.worker_id, self.stats.reads, self.stats.finished, self.stats.errors,
-                     self.stats.fenced_out)
+            st = self.stats
+            log.info("worker %s stopped: reads=%d finished=%d errors=%s fenced_out=%d "
+                     "claims=%d probes=%d notify_wakeups=%d empty_notify_wakeups=%d",
+                     cfg.worker_id, st.reads, st.finished, st.errors, st.fenced_out,
+                     st.claims, st.probes, st.notify_wakeups, st.empty_notify_wakeups)
 
     # -- main loop --------------------------------------------------------------------------
     async def _main_loop(self) -> None:
         cfg = self.config
         db_failures = 0
+        # True after an idle sleep ran out with nothing known to be due: look (one cheap
+        # statement) before claiming, so an idle worker costs one statement per idle_max_s
+        probe_first = False
         while not self._stopping.is_set():
             # cleared before every decision to sleep, so a wake-up that was already handled
             # cannot turn each later sleep into a spin
@@ -300,26 +309,51 @@ class Worker(Runner):
                 continue                           # low wake this loop
             limit = min(room, cfg.batch_size)
             claimed = 0
+            notified = self._take_notified()
+            claim_on_timeout = True
             try:
-                claimed = await self._claim_and_dispatch(limit)
-                self._saturated = claimed == limit
+                delay = 0.0
+                if probe_first and not notified:
+                    self.stats.probes += 1
+                    probed = await self._idle_delay(0, probing=True)
+                    if probed is None:
+                        return  # --drain: nothing left
+                    delay = probed
+                if delay == 0.0:
+                    claimed = await self._claim_and_dispatch(limit)
+                    if notified:
+                        self.stats.notify_wakeups += 1
+                        if claimed == 0:
+                            self.stats.empty_notify_wakeups += 1
+                    if claimed:
+                        self.backlog_seen = True
+                    self._saturated = claimed == limit
+                    self._db_recovered()
+                    db_failures = 0
+                    if claimed == limit and not any(self._auth_failures.values()):
+                        probe_first = False
+                        continue  # more may be due: claim again as soon as there is room
+                    after = await self._idle_delay(claimed)
+                    if after is None:
+                        return  # --drain: nothing left
+                    delay = after
                 self._db_recovered()
                 db_failures = 0
-                if claimed == limit and not any(self._auth_failures.values()):
-                    continue  # more may be due: claim again as soon as there is room
-                delay = await self._idle_delay(claimed)
-                if delay is None:
-                    return  # --drain: nothing left
+                # a sleep shorter than the cap waits for something known (a due row, a
+                # token, a busy retry, a probe of a paused key): claim when it ends
+                claim_on_timeout = delay < cfg.idle_max_s
             except DatabaseUnavailable as exc:
                 db_failures += 1
                 self._db_unavailable(exc)
                 delay = backoff_delay(db_failures, cfg.policy, self._rng, DB_BACKOFF_MAX_S)
             self.idle = claimed == 0
             await self.signals.pulse()
-            await self._sleep(delay)
+            woken = await self._sleep(delay)
+            probe_first = not woken and not claim_on_timeout
 
-    async def _idle_delay(self, claimed: int) -> float | None:
-        """How long to sleep after a claim that did not fill the batch; None ends a drain."""
+    async def _idle_delay(self, claimed: int, probing: bool = False) -> float | None:
+        """How long to sleep after a claim that did not fill the batch; None ends a drain.
+        `probing`: no claim was made (an idle sleep ran out); 0.0 means claim now."""
         cfg = self.config
         # intents first: a submission commits its job row as its intent leaves the queue, so
         # "no queued intent" followed by "no pending job" cannot miss a job in between
@@ -339,14 +373,18 @@ class Worker(Runner):
         # rows of an account whose key is refused wait for its probe, not for this loop
         unpaused = self._unpaused(accounts)
         probe_in = self._probe_in(cfg.idle_max_s)
-        due_in = await self.store.next_due_in(unpaused) if unpaused else None
-        if cfg.fetch_results and unpaused:
-            result_in = await self.store.next_result_due_in(unpaused)
-            if result_in is not None:
-                due_in = result_in if due_in is None else min(due_in, result_in)
+        due_in: float | None = None
+        if unpaused:
+            # one statement for both (issue 16: an idle worker's transactions are counted)
+            poll_in, result_in = await self.store.next_work_due_in(
+                unpaused, results=cfg.fetch_results)
+            due_in = min((d for d in (poll_in, result_in) if d is not None), default=None)
         if due_in is None:
             return min(cfg.idle_max_s, probe_in)
         if due_in <= 0:
+            self.backlog_seen = True
+            if probing:
+                return 0.0
             if self._budget_wait is not None:
                 # due rows wait for the fleet's budget: ask again when a token is due
                 return min(cfg.idle_max_s, max(BUSY_RETRY_S / 5, self._budget_wait))
