@@ -39,6 +39,7 @@ from vidpoll.models import (
     SubmitOutcome,
 )
 from vidpoll.policy import AuthPause
+from vidpoll.runner import SHUTDOWN_TIMEOUT_S
 from vidpoll.store import INTENTS_CHANNEL, JOB_DONE_CHANNEL, PgStore
 from vidpoll.submitter import SubmitterConfig, submit_now
 from vidpoll.sume import SumeClient
@@ -227,7 +228,9 @@ class Vidpoll:
     async def deliveries(self, on_terminal: Hook | Mapping[str, Hook] | None = None, *,
                          download_dir: str | os.PathLike[str] | None = None,
                          concurrency: int = 4, hook_timeout_s: float = 300.0,
-                         drain: bool = False) -> AsyncIterator[Deliverer]:
+                         drain: bool = False,
+                         shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S
+                         ) -> AsyncIterator[Deliverer]:
         """Run completion hooks (and downloads) in this process while the block runs.
 
         `on_terminal(job)` is called for every job that ends from the first start on, after
@@ -235,12 +238,16 @@ class Vidpoll:
         database, retried with backoff, re-run after a crash. A sync hook runs in a thread.
         Its deliveries are tracked under `module:qualname` (or the keys of a mapping), so
         keep that name stable. With `drain`, `await d.drained()` waits until nothing is due.
+        Leaving the block stops it: what runs may finish within `shutdown_timeout_s`, the rest
+        is handed back to other workers (a sync hook still running then ends this process,
+        exit 75: see vidpoll.deliver).
         """
         hooks: Mapping[str, Hook] = ({} if on_terminal is None else
                                      on_terminal if isinstance(on_terminal, Mapping) else
                                      {hook_name(on_terminal): on_terminal})
         config = DeliveryConfig(hooks=hooks, concurrency=concurrency,
                                 hook_timeout_s=hook_timeout_s, drain=drain,
+                                shutdown_timeout_s=shutdown_timeout_s,
                                 policy=self.settings.policy)
         async with contextlib.AsyncExitStack() as stack:
             downloader = None

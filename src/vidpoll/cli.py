@@ -55,7 +55,7 @@ from vidpoll.fake_sume import (
 )
 from vidpoll.media import without_signatures
 from vidpoll.models import SUCCESS_STATES, ClaimMode, Intent
-from vidpoll.runner import default_worker_id
+from vidpoll.runner import SHUTDOWN_TIMEOUT_S, default_worker_id
 from vidpoll.sql import migrations
 from vidpoll.store import PRUNE_KEPT_REASONS, InvalidCursor, PgStore, migrate
 from vidpoll.submitter import Submitter, SubmitterConfig
@@ -216,6 +216,12 @@ def migrate_cmd() -> None:
 @click.option("--metrics-port", type=click.IntRange(0, 65535),
               help="Serve Prometheus /metrics (and /healthz, /readyz) on this port.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option("--shutdown-timeout", default=SHUTDOWN_TIMEOUT_S, show_default=True,
+              type=click.FloatRange(1, 86_400), metavar="SECONDS",
+              help="After SIGTERM/SIGINT, exit within this (under your orchestrator's grace "
+                   "period: Kubernetes' default is 30 s). Reads, POSTs, downloads and hooks "
+                   "that finish in time are recorded; the rest are handed back to other "
+                   "workers a few seconds before it ends.")
 def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                batch_size: int, lease_seconds: float | None, db_connections: int,
                vacuum_every: int, poll_only: bool, submit_only: bool, max_active: int | None,
@@ -223,7 +229,8 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                status_rate_per_min: float | None, submit_rate_per_min: float | None,
                rate_burst: float | None, fetch_results: bool, hook_specs: tuple[str, ...],
                download_dir: str | None, hook_timeout: float,
-               delivery_concurrency: int, metrics_port: int | None, metrics_host: str) -> None:
+               delivery_concurrency: int, metrics_port: int | None, metrics_host: str,
+               shutdown_timeout: float) -> None:
     """Poll due jobs and send queued intents until stopped (SIGTERM/SIGINT finish what is in
     flight, then exit 0)."""
     if poll_only and submit_only:
@@ -265,7 +272,8 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
             drain_waits_for_intents=not poll_only, listen=not no_listen,
             policy=settings.policy, worker_id=worker_id, accounts=served,
             budgets=settings.budgets("status", served), fetch_results=fetch_results,
-            vacuum_every_rows=vacuum_every, read_timeout_s=settings.http_timeout_s)
+            vacuum_every_rows=vacuum_every, read_timeout_s=settings.http_timeout_s,
+            shutdown_timeout_s=shutdown_timeout)
     except ConfigError as exc:
         click.echo(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)", err=True)
         sys.exit(2)
@@ -278,7 +286,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                 lease_s=lease_s, http_timeout_s=settings.http_timeout_s,
                 first_poll_s=settings.first_poll_s, drain=drain, listen=not no_listen,
                 policy=settings.policy, worker_id=worker_id, accounts=served,
-                budgets=settings.budgets("create", served))
+                budgets=settings.budgets("create", served), shutdown_timeout_s=shutdown_timeout)
         except ConfigError as exc:
             click.echo(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)", err=True)
             sys.exit(2)
@@ -305,7 +313,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                     deliverer = Deliverer(store, DeliveryConfig(
                         hooks=hooks, concurrency=delivery_concurrency,
                         hook_timeout_s=hook_timeout, lease_s=lease_s, drain=drain,
-                        listen=not no_listen,
+                        listen=not no_listen, shutdown_timeout_s=shutdown_timeout,
                         policy=settings.policy, worker_id=worker_id), downloader)
                 loop = asyncio.get_running_loop()
                 runners: list[Worker | Submitter | Deliverer] = [*parts]

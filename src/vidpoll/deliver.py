@@ -15,6 +15,25 @@ cannot be stopped, is ended with its process (LeaseFence) before another worker 
 Failures retry with backoff up to MAX_DELIVERY_ATTEMPTS, then the delivery is marked failed
 (kept, shown by `vidpoll deliveries`, re-queued by `vidpoll deliveries retry`).
 Deliveries run in their own tasks with their own limit: a slow hook never stalls polling.
+
+Shutdown fits a grace period (`shutdown_timeout_s`, 25 s by default: under Kubernetes' 30).
+After stop() nothing more is claimed (a claim already in flight is handed straight back);
+what runs may finish, and is recorded as usual, until a short reserve (`runner.shutdown_reserve_s`,
+at most 3 s) before the period ends. Then whatever still runs is handed back: its lease is
+released, due again at once, without spending a try of its retry budget (being stopped is no
+fault of the delivery), so another worker takes it. Never two runs at once: a download or an
+async hook is cancelled first and released only once it has ended. A sync hook's thread
+cannot be stopped, and to wait for it would break the grace period, so its delivery is
+released due UNSTOPPABLE_HANDBACK_DELAY_S (4 s) ahead and the process ends at once
+(`os._exit(LOST_LEASE_EXIT_CODE)`, 75), the thread with it, before anyone can claim it; the
+fence holds the shortened lease meanwhile, so even a blocked event loop or a release that
+never answers cannot let the hook outlive it. An async hook that ignores its cancellation is
+treated the same. A sync hook already past `hook_timeout_s` is handed back with its try
+counted (a hook that hangs must still reach its retry limit). Ending the process also ends
+the poller and submitter beside the deliverer; by then they have had all but the reserve of
+the same grace period (stop() reaches every runner at once). A release that fails (the
+database unreachable) leaves the lease to lapse as after a crash: what it covered was stopped
+first, or its process has ended.
 """
 
 from __future__ import annotations
@@ -30,8 +49,9 @@ import random
 import sys
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -50,7 +70,15 @@ from vidpoll.models import (
     WorkerStats,
 )
 from vidpoll.policy import PollPolicy, backoff_delay
-from vidpoll.runner import DB_BACKOFF_MAX_S, IDLE_MAX_S, Runner, default_worker_id, utc_now
+from vidpoll.runner import (
+    DB_BACKOFF_MAX_S,
+    IDLE_MAX_S,
+    SHUTDOWN_TIMEOUT_S,
+    Runner,
+    default_worker_id,
+    shutdown_reserve_s,
+    utc_now,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +99,15 @@ lease) before the lease could lapse; a hook still running half of it before, end
 EXTEND_RETRY_S = 1.0
 """After a failed heartbeat the next one is tried this soon (at most a third of the lease)."""
 LOST_LEASE_EXIT_CODE = 75
-"""The status of a process the fence ended (EX_TEMPFAIL: a supervisor should restart it)."""
+"""The status of a process that ended itself under a hook it could not stop (EX_TEMPFAIL: a
+supervisor should restart it): the fence, before a lease it could not extend lapsed, or a
+shutdown whose grace period ended first, after handing the delivery back."""
+CANCEL_WAIT_MIN_S = 0.05
+"""A delivery cancelled at the hand-back gets at least this long to end (then: unstoppable)."""
+UNSTOPPABLE_HANDBACK_DELAY_S = 4.0
+"""A delivery handed back while its hook still runs (a sync hook's thread) is due again this
+long after its release; the process ends at once, and (the fence) at the latest a second or
+two before then. Longer than the reserve, so it is due after the grace period too."""
 
 
 def fence_margin_s(lease_s: float) -> float:
@@ -205,6 +241,11 @@ class DeliveryStore(Protocol):
     async def record_delivery(self, outcome: DeliveryOutcome) -> bool:
         """Write one attempt's outcome, fenced."""
 
+    async def release_delivery(self, claim: ClaimedDelivery, delay_s: float,
+                               error: str | None = None) -> bool:
+        """Hand a running delivery back (its worker is stopping): due in `delay_s`, its try
+        given back unless `error` says why it counts; fenced; False if no longer ours."""
+
     async def next_delivery_due_in(self, consumers: Sequence[str]) -> float | None:
         """Seconds until the next claimable delivery; None if none is pending."""
 
@@ -245,6 +286,9 @@ class DeliveryConfig:
     policy: PollPolicy = field(default_factory=PollPolicy)
     worker_id: str = field(default_factory=default_worker_id)
     channels: tuple[str, ...] = ("vidpoll_job_done",)
+    shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S
+    """After stop(), run() returns within this (or, with a sync hook still running, the
+    process ends): deliveries that cannot finish in it are handed back to other workers."""
 
 
 class Deliverer(Runner):
@@ -252,7 +296,8 @@ class Deliverer(Runner):
 
     def __init__(self, store: DeliveryStore, config: DeliveryConfig,
                  downloader: MediaDownloader | None = None, rng: random.Random | None = None,
-                 clock: Callable[[], datetime] = utc_now) -> None:
+                 clock: Callable[[], datetime] = utc_now,
+                 exit_process: Callable[[int], Any] = os._exit) -> None:
         super().__init__(config.policy, rng, clock)
         self.store = store
         self.config = config
@@ -272,14 +317,35 @@ class Deliverer(Runner):
         self._hook_threads = ThreadPoolExecutor(
             max_workers=max(1, config.concurrency * len(config.hooks)),
             thread_name_prefix="vidpoll-hook")
-        self._fence = LeaseFence(fence_margin_s(config.lease_s))
-        self._abandoned: set[asyncio.Task[bool]] = set()
-        """Heartbeats given up on while in flight (held here until they end)."""
+        self._exit = exit_process
+        self._fence = LeaseFence(fence_margin_s(config.lease_s), exit_process)
+        self._abandoned: set[asyncio.Task[Any]] = set()
+        """Statements given up on while in flight (held here until they end)."""
+        self._stop_asked_at: float | None = None
+        """time.monotonic() of the first stop(): the grace period counts from it."""
+        self._handback = asyncio.Event()
+        """Set when the grace period is about to end: what still runs is handed back."""
+        self._threads: dict[uuid.UUID, tuple[Future[Any], float]] = {}
+        """Sync hooks' threads that still run, by their claim's token, with when they began."""
+        self._unstoppable: dict[str, Callable[[], bool]] = {}
+        """Handed back while still running (what: does it still run?): the process ends."""
+        self.handed_back = 0
+        """Deliveries this process handed back at shutdown."""
         if not self.consumers:
             raise ConfigError("a Deliverer needs a hook or a download directory")
+        if not config.shutdown_timeout_s > 0:
+            raise ConfigError(f"the shutdown timeout must be positive, got "
+                              f"{config.shutdown_timeout_s:g}s")
 
     def _notifications(self) -> AsyncIterator[Notice]:
         return self.store.notifications(self.config.channels)
+
+    def stop(self) -> None:
+        """Stop claiming; what runs may finish within `shutdown_timeout_s`, and is recorded;
+        what cannot is handed back to other workers before it ends (see the module)."""
+        if self._stop_asked_at is None:
+            self._stop_asked_at = time.monotonic()
+        super().stop()
 
     async def prepare(self) -> None:
         """Check the download directory and register the consumers (run() does it too); from
@@ -310,32 +376,91 @@ class Deliverer(Runner):
     async def run(self) -> None:
         """Deliver until stop() (or, with drain, until nothing is left to deliver now).
 
-        On stop, downloads in flight are cancelled (their partial files resume next time) and
-        hooks get up to `hook_timeout_s` to finish; an async hook still running then is
-        cancelled, and its delivery is due again when its lease ends."""
-        cfg = self.config
+        On stop, what runs may finish until shortly before `shutdown_timeout_s`; then what
+        still runs is handed back (stopped, its lease released for another worker) and run()
+        returns, within the timeout; if a sync hook's thread still runs, the process ends
+        instead (LOST_LEASE_EXIT_CODE), since a thread cannot be stopped."""
         await self.prepare()
         listener = (asyncio.create_task(self._listener(), name="vidpoll-delivery-listener")
-                    if cfg.listen else None)
+                    if self.config.listen else None)
+        loop = asyncio.create_task(self._loop(), name="vidpoll-delivery-loop")
         try:
-            await self._loop()
+            await self._until_stopped(loop)
         finally:
             self._stopping.set()
-            for running, consumer in list(self._attempts.items()):
-                if consumer == DOWNLOAD:
-                    running.cancel()
-            if self._tasks:
-                _, late = await asyncio.wait(self._tasks, timeout=cfg.hook_timeout_s)
-                for task in late:
-                    task.cancel()
-                if late:
-                    await asyncio.wait(late, timeout=5)
-            if listener is not None:
-                listener.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await listener
-            self._hook_threads.shutdown(wait=False, cancel_futures=True)
-            await self.signals.pulse()
+            await self._shut_down(listener)
+
+    def _deadline(self) -> float:
+        """When the grace period ends (time.monotonic()); it starts at the first stop()."""
+        if self._stop_asked_at is None:  # ended otherwise (a drain, an error): from now
+            self._stop_asked_at = time.monotonic()
+        return self._stop_asked_at + self.config.shutdown_timeout_s
+
+    def _reserve_s(self) -> float:
+        return shutdown_reserve_s(self.config.shutdown_timeout_s)
+
+    async def _until_stopped(self, loop: asyncio.Task[None]) -> None:
+        """Wait for the claim loop; once stop() is asked, no later than the hand-back (a
+        statement hung on a dead connection must not hold the shutdown: it is abandoned, and
+        a claim it may have made is due again when that lease ends)."""
+        stopping = asyncio.create_task(self._stopping.wait())
+        try:
+            await asyncio.wait({loop, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not loop.done():
+                await asyncio.wait({loop}, timeout=max(
+                    0.0, self._deadline() - self._reserve_s() - time.monotonic()))
+        finally:
+            stopping.cancel()
+            if not loop.done():
+                loop.cancel()
+                self._abandon(loop)
+        if loop.done() and not loop.cancelled():
+            loop.result()  # what ended it, re-raised
+
+    async def _shut_down(self, listener: asyncio.Task[None] | None) -> None:
+        """Let what runs finish until the hand-back, hand back the rest, then end: return,
+        or end the process if something handed back still runs."""
+        deadline, reserve = self._deadline(), self._reserve_s()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=max(
+                0.0, deadline - reserve - time.monotonic()))
+        if self._tasks:
+            log.warning("stopping: %d deliveries still run %.1fs before the grace period "
+                        "ends; handing them back to other workers", len(self._tasks),
+                        max(0.0, deadline - time.monotonic()))
+            self._handback.set()
+            await asyncio.wait(self._tasks, timeout=max(
+                0.0, deadline - reserve / 4 - time.monotonic()))
+            for task in list(self._tasks):  # stuck on a statement: left, unread
+                task.cancel()
+        if listener is not None:
+            listener.cancel()
+            await asyncio.wait({listener}, timeout=max(0.0, deadline - time.monotonic()))
+            if not listener.done():
+                self._abandon(listener)
+        self._hook_threads.shutdown(wait=False, cancel_futures=True)
+        await self.signals.pulse()
+        self._end_if_still_running()
+
+    def _end_if_still_running(self) -> None:
+        """End the process if a delivery handed back still runs (a sync hook's thread): its
+        delivery is due again in seconds, and must not run twice at once."""
+        running = [what for what, runs in self._unstoppable.items() if runs()]
+        if not running:
+            return
+        # said from a thread of its own, waited for briefly, as the fence does
+        said = threading.Thread(target=log.critical, daemon=True, args=(
+            "stopping: %s still runs and cannot be stopped; handed back to other workers, so "
+            "this process ends now (exit %d), the hook with it, before another worker can "
+            "take it", "; ".join(running), LOST_LEASE_EXIT_CODE))
+        said.start()
+        said.join(0.5)
+        self._exit(LOST_LEASE_EXIT_CODE)
+
+    def _abandon(self, task: asyncio.Task[Any]) -> None:
+        """Leave `task` to end on its own time, its outcome unread."""
+        self._abandoned.add(task)
+        task.add_done_callback(self._forget_abandoned)
 
     async def _loop(self) -> None:
         cfg = self.config
@@ -366,6 +491,9 @@ class Deliverer(Runner):
             sent = time.monotonic()  # before the claim left: its lease ends no sooner than this
             for claim in await self.store.claim_deliveries(consumer, free,
                                                            self.config.lease_s):
+                if self._stopping.is_set():  # stop() came while the claim was in flight
+                    await self._release(claim, 0.0)
+                    continue
                 claimed += 1
                 self._running[consumer] += 1
                 self._inflight += 1
@@ -402,31 +530,24 @@ class Deliverer(Runner):
         attempt = asyncio.create_task(self._attempt(claim, lease))
         self._attempts[attempt] = claim.consumer
         keeper = asyncio.create_task(self._keep_lease(claim, lease))
+        handback = asyncio.create_task(self._handback.wait())
         try:
-            await asyncio.wait({attempt, keeper}, return_when=asyncio.FIRST_COMPLETED)
-            if not attempt.done():  # the heartbeat ended: the lease is, or may soon be, lost
+            await asyncio.wait({attempt, keeper, handback},
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not attempt.done() and keeper.done():  # the lease is, or may soon be, lost
                 attempt.cancel()
                 await asyncio.wait({attempt})
                 log.warning("job %s: the lease of %s %s; this attempt was stopped and its "
                             "outcome dropped (due again when the lease ends)", job_id,
                             claim.consumer, keeper.result())
                 return
-            keeper.cancel()
+            keeper.cancel()  # from here on (a record, a hand-back) the lease is not extended
+            if not attempt.done():  # the grace period is about to end
+                await self._hand_back(claim, attempt)
+                return
             if attempt.cancelled():
-                return  # stopping: the lease ends and the delivery is due again
-            outcome = attempt.result()
-            landed = await self.store.record_delivery(outcome)
-            metrics.DELIVERIES.labels(claim.consumer,
-                                      outcome.state if landed else "fenced_out").inc()
-            if not landed:
-                log.warning("job %s: %s outcome dropped, another worker owns it now",
-                            job_id, claim.consumer)
-            elif outcome.state == "done":
-                self.stats.deliveries_done += 1
-            elif outcome.state == "failed":
-                self.stats.deliveries_failed += 1
-            else:
-                self.stats.delivery_retries += 1
+                return  # cancelled from outside: due again when the lease ends
+            await self._record(claim, attempt.result())
         except DatabaseUnavailable as exc:
             log.warning("job %s: could not record %s (%s); it is due again when its lease "
                         "ends", job_id, claim.consumer, exc)
@@ -434,7 +555,7 @@ class Deliverer(Runner):
             log.error("job %s: unexpected error in %s (%s); retried when its lease ends",
                       job_id, claim.consumer, type(exc).__name__)
         finally:
-            for task in (attempt, keeper):
+            for task in (attempt, keeper, handback):
                 task.cancel()
             self._attempts.pop(attempt, None)
             self._running[claim.consumer] -= 1
@@ -442,6 +563,80 @@ class Deliverer(Runner):
             self._wake.set()
             await asyncio.wait({attempt, keeper})
             await self.signals.pulse()
+
+    async def _record(self, claim: ClaimedDelivery, outcome: DeliveryOutcome) -> None:
+        landed = await self.store.record_delivery(outcome)
+        metrics.DELIVERIES.labels(claim.consumer,
+                                  outcome.state if landed else "fenced_out").inc()
+        if not landed:
+            log.warning("job %s: %s outcome dropped, another worker owns it now",
+                        claim.job.job_id, claim.consumer)
+        elif outcome.state == "done":
+            self.stats.deliveries_done += 1
+        elif outcome.state == "failed":
+            self.stats.deliveries_failed += 1
+        else:
+            self.stats.delivery_retries += 1
+
+    async def _hand_back(self, claim: ClaimedDelivery, attempt: asyncio.Task[DeliveryOutcome]
+                         ) -> None:
+        """The grace period is about to end and this delivery still runs: stop it if it can
+        be stopped and release its lease, due at once; if it cannot (a sync hook's thread),
+        release it due UNSTOPPABLE_HANDBACK_DELAY_S ahead, for the process to end before."""
+        what = f"job {claim.job.job_id}: {claim.consumer}"
+        started = self._threads.get(claim.token)
+        attempt.cancel()
+        # a cancelled coroutine ends within a turn or two of the loop, unless it ignores it
+        await asyncio.wait({attempt}, timeout=max(self._reserve_s() / 4, CANCEL_WAIT_MIN_S))
+        if attempt.done() and not attempt.cancelled():
+            await self._record(claim, attempt.result())  # it ended as it was being stopped
+            return
+        thread = started[0] if started is not None else None
+
+        def runs() -> bool:
+            return not attempt.done() or (thread is not None and not thread.done())
+
+        if not runs():
+            await self._release(claim, 0.0)
+            return
+        # it cannot be stopped: the fence ends the process before the release's due time
+        # even if this loop is blocked or the release never answers (the statement cannot
+        # take effect before `sent`); normally the process ends as soon as run() has handed
+        # everything back
+        sent = time.monotonic()
+        unhold = self._fence.hold(HeldLease(sent + UNSTOPPABLE_HANDBACK_DELAY_S),
+                                  f"{what} (handed back at shutdown)")
+        self._unstoppable[what] = runs
+        for running in (attempt, thread):
+            if running is not None:
+                running.add_done_callback(lambda _: None if runs() else unhold())
+        error = None
+        if started is not None and sent - started[1] > self.config.hook_timeout_s:
+            # a hook that hangs spends its tries, so it reaches its retry limit in the end
+            error = (f"the hook ran longer than {self.config.hook_timeout_s:g}s and still "
+                     "ran when its worker stopped")
+        await self._release(claim, UNSTOPPABLE_HANDBACK_DELAY_S, error)
+
+    async def _release(self, claim: ClaimedDelivery, delay_s: float, error: str | None = None
+                       ) -> None:
+        """Hand `claim` back: due in `delay_s` for any worker, its try given back unless
+        `error`; never raises but CancelledError (an unreleased lease simply lapses)."""
+        what = f"job {claim.job.job_id}: {claim.consumer}"
+        try:
+            released = await self.store.release_delivery(claim, delay_s, error)
+        except Exception as exc:
+            log.warning("%s could not be handed back (%s: %s); it is due again when its "
+                        "lease ends", what, type(exc).__name__, exc)
+            return
+        metrics.DELIVERIES.labels(claim.consumer,
+                                  "handed_back" if released else "fenced_out").inc()
+        if not released:
+            log.warning("%s: not handed back, another worker owns it now", what)
+            return
+        self.handed_back += 1
+        log.info("%s handed back to other workers (due again in %gs)", what, delay_s,
+                 extra=event(job_id=claim.job.job_id, account=claim.job.account,
+                             consumer=claim.consumer, outcome="handed_back"))
 
     async def _keep_lease(self, claim: ClaimedDelivery, lease: HeldLease) -> str:
         """Extend the lease every third of it; return (why) only when it is lost, or when no
@@ -485,10 +680,9 @@ class Deliverer(Runner):
         finally:
             if extending is not None:  # left to end on its own time, its outcome unread
                 extending.cancel()
-                self._abandoned.add(extending)
-                extending.add_done_callback(self._forget_abandoned)
+                self._abandon(extending)
 
-    def _forget_abandoned(self, task: asyncio.Task[bool]) -> None:
+    def _forget_abandoned(self, task: asyncio.Task[Any]) -> None:
         self._abandoned.discard(task)
         if not task.cancelled():
             task.exception()  # read, so it is not reported as never retrieved
@@ -521,7 +715,7 @@ class Deliverer(Runner):
                     async with asyncio.timeout(timeout_s) as deadline:
                         await hook(job)
             else:
-                returned = await self._in_thread(hook, job, lease, what)
+                returned = await self._in_thread(hook, claim, lease, what)
                 if inspect.isawaitable(returned):
                     with self._fence.holding(lease, what):
                         async with asyncio.timeout(timeout_s) as deadline:
@@ -537,7 +731,8 @@ class Deliverer(Runner):
                              outcome="done"))
         return self._outcome(claim, "done")
 
-    async def _in_thread(self, hook: Hook, job: Job, lease: HeldLease, what: str) -> Any:
+    async def _in_thread(self, hook: Hook, claim: ClaimedDelivery, lease: HeldLease,
+                         what: str) -> Any:
         """Call a sync hook in a thread of its own, held in the fence until the thread itself
         ends (not this coroutine: it may be cancelled while the thread runs on). A thread
         cannot be stopped: past the timeout it is reported and waited for (lease kept), since
@@ -545,11 +740,17 @@ class Deliverer(Runner):
         timeout_s = self.config.hook_timeout_s
         release = self._fence.hold(lease, f"{what} (in its thread)")
         try:
-            thread = self._hook_threads.submit(hook, job)
+            thread = self._hook_threads.submit(hook, claim.job)
         except BaseException:
             release()
             raise
-        thread.add_done_callback(lambda _: release())
+        self._threads[claim.token] = (thread, time.monotonic())
+
+        def ended(_: Future[Any]) -> None:
+            self._threads.pop(claim.token, None)
+            release()
+
+        thread.add_done_callback(ended)
         running = asyncio.wrap_future(thread)
         try:
             done, _ = await asyncio.wait({running}, timeout=timeout_s)

@@ -4,6 +4,7 @@ finished task sets, test signals, and a listener that turns notifications into w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -32,6 +33,18 @@ def check_lease(lease_s: float, timeout_s: float, call: str) -> None:
         raise ConfigError(f"the lease ({lease_s:g}s) must be longer than the HTTP timeout "
                           f"({timeout_s:g}s) by at least {MIN_LEASE_MARGIN_S:g}s, or {call} "
                           f"could outlive its lease")
+
+SHUTDOWN_TIMEOUT_S = 25.0
+"""After stop(), run() returns within this by default (under Kubernetes' 30 s grace period)."""
+SHUTDOWN_RESERVE_MAX_S = 3.0
+"""Work still in flight this long (at most a fifth of the timeout) before the shutdown timeout
+is cancelled and handed back: time left to write what finished and release the rest."""
+
+
+def shutdown_reserve_s(timeout_s: float) -> float:
+    """The part of a shutdown timeout kept for the writes after in-flight work is stopped."""
+    return min(SHUTDOWN_RESERVE_MAX_S, timeout_s / 5)
+
 
 IDLE_MAX_S = 30.0
 """An idle loop checks the table at least this often even if no NOTIFY arrives."""
@@ -90,6 +103,7 @@ class Runner:
         self._rng = rng or random.Random()
         self._clock = clock
         self._stopping = asyncio.Event()
+        self._stop_asked_at: float | None = None
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight = 0
@@ -109,8 +123,30 @@ class Runner:
 
     def stop(self) -> None:
         """Stop claiming; work in flight finishes and is recorded, then run() returns."""
+        if self._stop_asked_at is None:
+            with contextlib.suppress(RuntimeError):  # no loop: run() never started
+                self._stop_asked_at = self._now()
         self._stopping.set()
         self._wake.set()
+
+    async def _finish_tasks(self, timeout_s: float | None) -> int:
+        """Wait for the tasks in flight; those still running `shutdown_reserve_s` before
+        `timeout_s` after stop() are cancelled (each hands its work back as it ends).
+        Returns how many were cancelled."""
+        if not self._tasks:
+            return 0
+        within: float | None = None
+        if timeout_s is not None:
+            started = self._stop_asked_at if self._stop_asked_at is not None else self._now()
+            within = max(0.0, started + timeout_s - shutdown_reserve_s(timeout_s) - self._now())
+        _, pending = await asyncio.wait(set(self._tasks), timeout=within)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._tasks:  # spawned meanwhile (none should be, once stopping)
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        return len(pending)
 
     async def _sleep(self, seconds: float) -> bool:
         """Sleep until `seconds` pass, a wake-up arrives, or stop(); False if the time ran

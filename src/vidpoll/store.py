@@ -240,6 +240,9 @@ class LockedBatch:
 # probe cost two (issue 16 counts an idle worker's transactions). A connection that died
 # silently (no FIN: a cut network) fails its statement, which the callers retry as an outage.
 _CHECK_AFTER_IDLE_S = 120.0
+POOL_MAX_IDLE_S = 60.0
+"""A pooled connection beyond the first, unused this long, is closed: an idle worker holds
+its listener and one pooled connection, not the pool a burst opened (psycopg_pool: 600 s)."""
 _returned_at: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
     weakref.WeakKeyDictionary())
 
@@ -419,7 +422,7 @@ class PgStore:
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             url, min_size=1, max_size=max_size, open=False, timeout=timeout_s,
             kwargs=_connect_kwargs(prepare), check=check, reset=_stamp_returned,
-            reconnect_timeout=3600.0, name="vidpoll")
+            reconnect_timeout=3600.0, max_idle=POOL_MAX_IDLE_S, name="vidpoll")
         check.pool = pool
         try:
             await pool.open(wait=True, timeout=timeout_s)
@@ -729,6 +732,15 @@ class PgStore:
         row = await self._one("extend_delivery", {
             "job_id": claim.job.job_id, "consumer": claim.consumer, "token": claim.token,
             "lease_s": lease_s})
+        return row is not None
+
+    async def release_delivery(self, claim: ClaimedDelivery, delay_s: float,
+                               error: str | None = None) -> bool:
+        """Hand a running delivery back (its worker is stopping): due in `delay_s`, its try
+        given back unless `error` says why it counts; fenced on its token; False if not ours."""
+        row = await self._one("release_delivery", {
+            "job_id": claim.job.job_id, "consumer": claim.consumer, "token": claim.token,
+            "delay_s": delay_s, "error": error})
         return row is not None
 
     async def record_delivery(self, outcome: DeliveryOutcome) -> bool:

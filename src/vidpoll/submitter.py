@@ -53,6 +53,7 @@ from vidpoll.policy import (
 from vidpoll.runner import (
     DB_BACKOFF_MAX_S,
     IDLE_MAX_S,
+    SHUTDOWN_TIMEOUT_S,
     MinutesStore,
     Runner,
     check_lease,
@@ -129,6 +130,10 @@ class SubmitterConfig:
     drain: bool = False
     listen: bool = True
     idle_max_s: float = IDLE_MAX_S
+    shutdown_timeout_s: float | None = SHUTDOWN_TIMEOUT_S
+    """After stop(), POSTs still in flight this close to the timeout (runner.shutdown_reserve_s)
+    are abandoned: each intent keeps its lease and comes back after it as an unknown outcome,
+    resolved with the same idempotency key (never a blind second create). None waits."""
     policy: PollPolicy = field(default_factory=PollPolicy)
     worker_id: str = field(default_factory=default_worker_id)
     accounts: tuple[str, ...] = (DEFAULT_ACCOUNT,)
@@ -187,8 +192,12 @@ class Submitter(Runner):
             await self._main_loop()
         finally:
             self._stopping.set()
-            if self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+            abandoned = await self._finish_tasks(cfg.shutdown_timeout_s)
+            if abandoned:
+                log.warning("submitter %s: %d POSTs still in flight at the shutdown timeout "
+                            "(%gs) were abandoned; their intents come back when their leases "
+                            "end, as unknown outcomes, sent again with the same key",
+                            cfg.worker_id, abandoned, cfg.shutdown_timeout_s)
             for helper in (listener, flusher):
                 if helper is not None:
                     helper.cancel()

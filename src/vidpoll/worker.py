@@ -49,6 +49,7 @@ from vidpoll.policy import (
 from vidpoll.runner import (
     DB_BACKOFF_MAX_S,
     IDLE_MAX_S,
+    SHUTDOWN_TIMEOUT_S,
     MinutesStore,
     Runner,
     check_lease,
@@ -189,6 +190,9 @@ class WorkerConfig:
     fetch_results: bool = True
     """Fetch each completed job's result (GET .../result), drawing on the same read budget:
     up to a quarter of a claim's tokens when results are due, and whatever is left over."""
+    shutdown_timeout_s: float | None = SHUTDOWN_TIMEOUT_S
+    """After stop(), reads still in flight this close to the timeout (see
+    runner.shutdown_reserve_s) are stopped and their rows handed back; None waits for them."""
     read_timeout_s: float = 0.0
     """How long one status read may take (the HTTP client's timeout). In lease mode a claimed
     row is read only while that much of its lease is left, so a worker that fell behind
@@ -266,8 +270,11 @@ class Worker(Runner):
                 self._ready.clear()
                 with contextlib.suppress(DatabaseUnavailable):  # else their leases end
                     await self.store.release(ready)
-            if self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+            cancelled = await self._finish_tasks(cfg.shutdown_timeout_s)
+            if cancelled:
+                log.warning("worker %s: %d reads still in flight at the shutdown timeout "
+                            "(%gs) were stopped; their rows are handed back, due as before",
+                            cfg.worker_id, cancelled, cfg.shutdown_timeout_s)
             # only now can no new result appear: every read task has ended
             self._writer_may_exit = True
             self._outbox_ready.set()
@@ -592,6 +599,9 @@ class Worker(Runner):
                 outcome = await self._read(job)
                 if outcome is None:
                     self._release.append(job)
+        except asyncio.CancelledError:  # the shutdown timeout: nothing learned, hand it back
+            self._release.append(job)
+            raise
         except Exception:
             log.exception("unexpected error reading job %s; its lease will expire", job.job_id)
         else:

@@ -245,8 +245,9 @@ async def test_an_async_hook_is_stopped_before_its_lease_can_lapse_when_its_work
 
 async def test_a_stopped_worker_whose_sync_hook_hangs_never_lets_it_run_beside(
         store, fake, fake_url, db_url, tmp_path):
-    # SIGTERM gives hooks --hook-timeout to finish; a thread still running then keeps its
-    # lease no longer, so the process ends (and the thread with it) before that lease lapses
+    # SIGTERM gives hooks until shortly before --shutdown-timeout; a sync hook's thread still
+    # running then (here past its --hook-timeout too) is handed back due a few seconds ahead
+    # and the process ends at once, the thread with it, before anyone can take it
     fake.add_job("j1", script=FAILED)
     await store.add_job("j1", delay_s=0)
     log, lock, block = tmp_path / "hook.log", tmp_path / "hook.lock", tmp_path / "block"
@@ -254,7 +255,7 @@ async def test_a_stopped_worker_whose_sync_hook_hangs_never_lets_it_run_beside(
     hook_env = {"HOOK_LOG": str(log), "HOOK_LOCK": str(lock), "VIDPOLL_HTTP_TIMEOUT": "1"}
     args = ("--poll-only", "--on-terminal", HOOK, "--lease-seconds", "3")
     first = await spawn_worker(cli_env(db_url, fake_url, HOOK_BLOCK=str(block), **hook_env),
-                               *args, "--hook-timeout", "0.5")
+                               *args, "--hook-timeout", "0.5", "--shutdown-timeout", "3")
     second: asyncio.subprocess.Process | None = None
     try:
         await wait_for(lambda: runs(log) == [("start", first.pid)], 30,
