@@ -68,9 +68,16 @@ def _checks(report: dict[str, Any], latest: int) -> Iterator[Finding]:
     version = report.get("schema_version")
     if version == latest:
         yield Finding("schema", OK, f"version {version}, current")
+    elif version is not None and version > latest and not report.get("schema_refusal"):
+        yield Finding("schema", WARN, f"version {version}, newer than this vidpoll ({latest}) "
+                      "and marked compatible with it (a rolling upgrade in progress?)",
+                      "upgrade this vidpoll when the rollout is done (docs/UPGRADING.md)")
+    elif version is not None and version > latest:
+        yield Finding("schema", FAIL, f"version {version}, newer than this vidpoll "
+                      f"({latest}) and not compatible with it", "upgrade vidpoll")
     else:
         yield Finding("schema", FAIL, f"version {version}, this vidpoll needs {latest}",
-                      "run `vidpoll migrate` (or upgrade vidpoll if the schema is newer)")
+                      "run `vidpoll migrate`")
     yield _claim_plan(report.get("claim_plan"), int(report.get("hot_rows_estimate") or 0))
     yield from _tables(report.get("tables", []))
     yield from _indexes(report.get("indexes", []))

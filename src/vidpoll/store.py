@@ -54,7 +54,7 @@ from vidpoll.policy import (
     validate_key,
     validate_payload,
 )
-from vidpoll.schema import _first_line, redact_url
+from vidpoll.schema import _first_line, redact_url, refusal
 from vidpoll.schema import migrate as migrate  # re-exported: callers import it from here
 from vidpoll.sql import QUERIES, migrations
 
@@ -457,8 +457,11 @@ class PgStore:
             raise SchemaError(f"schema version {version} is older than {latest}; "
                               "run `vidpoll migrate`")
         if version > latest:
-            raise SchemaError(f"schema version {version} is newer than this vidpoll ({latest}); "
-                              "upgrade vidpoll")
+            row = await self._one("schema_level", {})
+            why = refusal(version, row["name"] if row else f"migration {version}",
+                          row["oldest_code"] if row else None, latest)
+            if why:
+                raise SchemaError(why)
         return version
 
     async def schema_version(self) -> int | None:
@@ -968,7 +971,12 @@ class PgStore:
             row = await cur.fetchone()
             plan = row[0] if row else []
         rows = await self._one("hot_table_rows", {})
-        return {"schema_version": await self.schema_version(),
+        version = await self.schema_version()
+        level = await self._one("schema_level", {}) if version is not None else None
+        return {"schema_version": version,
+                # why this code may not run on a newer schema (None: it may, or not newer)
+                "schema_refusal": None if version is None or level is None else refusal(
+                    version, level["name"], level["oldest_code"], len(migrations())),
                 "claim_plan": plan, "hot_rows_estimate": int(rows["estimate"]) if rows else 0,
                 "tables": await self._all("doctor_tables", {}),
                 "indexes": await self._all("doctor_hot_indexes", {}),

@@ -183,39 +183,6 @@ SELECT count(*) AS due, extract(epoch FROM coalesce(%(now)s::timestamptz, now())
 FROM video_jobs
 WHERE state = 'pending' AND next_poll_at <= coalesce(%(now)s::timestamptz, now());
 
--- name: lock_migrations
--- Serialises concurrent `vidpoll migrate` runs; released when the transaction ends.
-SELECT pg_advisory_xact_lock(7306198364525511);
-
--- name: lock_jobs_table
--- Taken before any DDL when a migration is pending. Taking the strongest lock first, instead
--- of letting each DDL statement upgrade a weaker one (CREATE INDEX IF NOT EXISTS takes SHARE),
--- avoids a deadlock with a seed-style loop that holds FOR UPDATE row locks and then UPDATEs:
--- that loop's UPDATE may jump the queue ahead of us, commit, and we proceed.
-DO $$
-BEGIN
-  IF to_regclass('video_jobs') IS NOT NULL THEN
-    LOCK TABLE video_jobs IN ACCESS EXCLUSIVE MODE;
-  END IF;
-END
-$$;
-
--- name: create_migrations_table
--- The schema-version table: one row per applied migration file.
-CREATE TABLE IF NOT EXISTS vidpoll_schema_migrations (
-  version    integer PRIMARY KEY,
-  name       text NOT NULL,
-  applied_at timestamptz NOT NULL DEFAULT now()
-);
-
--- name: applied_migrations
--- Versions already applied, to skip them.
-SELECT version FROM vidpoll_schema_migrations ORDER BY version;
-
--- name: record_migration
--- Marks one migration file applied, in the same transaction as its DDL.
-INSERT INTO vidpoll_schema_migrations (version, name) VALUES (%(version)s, %(name)s);
-
 -- name: schema_table_exists
 -- False on a database vidpoll never migrated (checked before reading the version table).
 SELECT to_regclass('vidpoll_schema_migrations') IS NOT NULL AS present;

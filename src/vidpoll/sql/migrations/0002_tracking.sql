@@ -2,6 +2,9 @@
 -- Every ADD COLUMN has a constant or STABLE default, so PostgreSQL (11+) adds it without
 -- rewriting the table: the ACCESS EXCLUSIVE lock is held for milliseconds, not a table scan.
 -- Rows that existed before this migration get the migration time as created_at/polling_since.
+-- Each step that needs video_jobs' ACCESS EXCLUSIVE lock is one short transaction of its own
+-- (vidpoll.schema retries it if the lock is not granted within its lock_timeout).
+-- vidpoll: step
 ALTER TABLE video_jobs
   ADD COLUMN IF NOT EXISTS created_at         timestamptz NOT NULL DEFAULT now(),
   ADD COLUMN IF NOT EXISTS updated_at         timestamptz NOT NULL DEFAULT now(),
@@ -29,6 +32,7 @@ ALTER TABLE video_jobs
 -- Every pending row is updated every few seconds (claim, then record). Free space on each page
 -- lets PostgreSQL keep new row versions on the same page, and an aggressive per-table
 -- autovacuum keeps dead versions from bloating the table and its partial index.
+-- vidpoll: step
 ALTER TABLE video_jobs SET (
   fillfactor = 80,
   autovacuum_vacuum_scale_factor = 0.02,
@@ -41,6 +45,7 @@ ALTER TABLE video_jobs SET (
 -- missed notification only delays a read, never loses one. Only new rows and rows made due
 -- sooner by someone other than a worker (resume, poll-now, an operator) notify: a worker's own
 -- claim and record writes change claim_token and stay silent, so a busy fleet sends nothing.
+-- vidpoll: step
 CREATE OR REPLACE FUNCTION vidpoll_notify_jobs() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -49,11 +54,13 @@ BEGIN
 END
 $$;
 
+-- vidpoll: step
 DROP TRIGGER IF EXISTS vidpoll_jobs_inserted ON video_jobs;
 CREATE TRIGGER vidpoll_jobs_inserted
   AFTER INSERT ON video_jobs
   FOR EACH STATEMENT EXECUTE FUNCTION vidpoll_notify_jobs();
 
+-- vidpoll: step
 DROP TRIGGER IF EXISTS vidpoll_jobs_made_due ON video_jobs;
 CREATE TRIGGER vidpoll_jobs_made_due
   AFTER UPDATE ON video_jobs

@@ -1,6 +1,7 @@
 -- Durable submission intents: a paid POST is recorded here, and committed, before it is sent.
 -- An intent is `queued` until Sume answers 202 (then `submitted`, linked to its job row) or
 -- rejects it for good (`rejected`, with Sume's error code, message and request_id).
+-- vidpoll: step
 CREATE TABLE IF NOT EXISTS video_intents (
   -- sent as Idempotency-Key on every attempt: a replay after an unknown outcome gets the job the
   -- first attempt started, never a second clip
@@ -34,18 +35,22 @@ CREATE TABLE IF NOT EXISTS video_intents (
 );
 
 -- The submitter's queue: small (only queued intents), in claim order.
-CREATE INDEX IF NOT EXISTS video_intents_queue_idx
+-- vidpoll: step no-transaction
+CREATE INDEX CONCURRENTLY IF NOT EXISTS video_intents_queue_idx
   ON video_intents (priority DESC, seq) WHERE state = 'queued';
 -- The job of a key is one column away; the key of a job is this index away.
-CREATE INDEX IF NOT EXISTS video_intents_job_id_idx
+-- vidpoll: step no-transaction
+CREATE INDEX CONCURRENTLY IF NOT EXISTS video_intents_job_id_idx
   ON video_intents (job_id) WHERE job_id IS NOT NULL;
 
 -- Which key created a job (NULL for ids added by hand or by the seed's own submit step).
+-- vidpoll: step
 ALTER TABLE video_jobs ADD COLUMN IF NOT EXISTS idempotency_key text;
 
 -- Wake-ups for submitters: a new or re-queued intent, or a job leaving `pending` (a slot under
 -- --max-active frees up). The payload of the jobs' terminal notice is the job id, so `submit
 -- --wait` and wait() can listen for one job instead of re-reading the table.
+-- vidpoll: step
 CREATE OR REPLACE FUNCTION vidpoll_notify_intents() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -54,11 +59,13 @@ BEGIN
 END
 $$;
 
+-- vidpoll: step
 DROP TRIGGER IF EXISTS vidpoll_intents_queued ON video_intents;
 CREATE TRIGGER vidpoll_intents_queued
   AFTER INSERT OR UPDATE OF state ON video_intents
   FOR EACH STATEMENT EXECUTE FUNCTION vidpoll_notify_intents();
 
+-- vidpoll: step
 CREATE OR REPLACE FUNCTION vidpoll_notify_job_done() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -67,6 +74,7 @@ BEGIN
 END
 $$;
 
+-- vidpoll: step
 DROP TRIGGER IF EXISTS vidpoll_jobs_done ON video_jobs;
 CREATE TRIGGER vidpoll_jobs_done
   AFTER UPDATE OF state ON video_jobs
@@ -74,6 +82,7 @@ CREATE TRIGGER vidpoll_jobs_done
   WHEN (OLD.state = 'pending' AND NEW.state <> 'pending')
   EXECUTE FUNCTION vidpoll_notify_job_done();
 
+-- vidpoll: step
 ALTER TABLE video_intents SET (
   autovacuum_vacuum_scale_factor = 0.05,
   autovacuum_analyze_scale_factor = 0.05

@@ -2,6 +2,7 @@
 -- change of error class (a run of the same error is one event; an answer after errors is a
 -- "recovered" event), not every routine poll. Written by triggers, so the seed's own loop,
 -- an operator's UPDATE and every vidpoll version are recorded alike.
+-- vidpoll: step
 CREATE TABLE IF NOT EXISTS video_job_events (
   id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   job_id      text NOT NULL,
@@ -13,8 +14,10 @@ CREATE TABLE IF NOT EXISTS video_job_events (
   http_status integer,
   detail      text
 );
-CREATE INDEX IF NOT EXISTS video_job_events_job_idx ON video_job_events (job_id, id);
+-- vidpoll: step no-transaction
+CREATE INDEX CONCURRENTLY IF NOT EXISTS video_job_events_job_idx ON video_job_events (job_id, id);
 
+-- vidpoll: step
 CREATE OR REPLACE FUNCTION vidpoll_job_event() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -38,11 +41,13 @@ BEGIN
 END
 $$;
 
+-- vidpoll: step
 DROP TRIGGER IF EXISTS vidpoll_jobs_tracked_event ON video_jobs;
 CREATE TRIGGER vidpoll_jobs_tracked_event
   AFTER INSERT ON video_jobs
   FOR EACH ROW EXECUTE FUNCTION vidpoll_job_event();
 
+-- vidpoll: step
 DROP TRIGGER IF EXISTS vidpoll_jobs_changed_event ON video_jobs;
 CREATE TRIGGER vidpoll_jobs_changed_event
   AFTER UPDATE OF state, last_error_class ON video_jobs

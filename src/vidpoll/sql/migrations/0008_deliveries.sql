@@ -5,12 +5,14 @@
 -- one delivery per registered consumer, in the same transaction as the transition (a trigger,
 -- so no code path and no crash can skip it). Deliveries are leased and fenced like status
 -- reads: the lease is the schedule, a crash makes the delivery due again.
+-- vidpoll: step
 CREATE TABLE IF NOT EXISTS vidpoll_consumers (
   name          text PRIMARY KEY,
   registered_at timestamptz NOT NULL DEFAULT now(),
   last_seen_at  timestamptz NOT NULL DEFAULT now()
 );
 
+-- vidpoll: step
 CREATE TABLE IF NOT EXISTS vidpoll_deliveries (
   job_id     text NOT NULL,
   consumer   text NOT NULL,
@@ -28,9 +30,11 @@ CREATE TABLE IF NOT EXISTS vidpoll_deliveries (
   PRIMARY KEY (job_id, consumer)
 ) WITH (fillfactor = 80);  -- every attempt rewrites the row: leave room for HOT updates
 
-CREATE INDEX IF NOT EXISTS vidpoll_deliveries_due_idx
+-- vidpoll: step no-transaction
+CREATE INDEX CONCURRENTLY IF NOT EXISTS vidpoll_deliveries_due_idx
   ON vidpoll_deliveries (consumer, next_at) WHERE state = 'pending';
 
+-- vidpoll: step
 CREATE OR REPLACE FUNCTION vidpoll_queue_deliveries() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -50,6 +54,7 @@ BEGIN
 END
 $$;
 
+-- vidpoll: step
 DROP TRIGGER IF EXISTS vidpoll_jobs_deliveries ON video_jobs;
 CREATE TRIGGER vidpoll_jobs_deliveries
   AFTER UPDATE OF state ON video_jobs
@@ -59,6 +64,7 @@ CREATE TRIGGER vidpoll_jobs_deliveries
 
 -- A result recorded (or given up on) unblocks the job's deliveries and wait(with_result=True):
 -- the same channel as "job done", with the job id.
+-- vidpoll: step
 DROP TRIGGER IF EXISTS vidpoll_jobs_result_done ON video_jobs;
 CREATE TRIGGER vidpoll_jobs_result_done
   AFTER UPDATE OF result_state ON video_jobs
@@ -68,6 +74,7 @@ CREATE TRIGGER vidpoll_jobs_result_done
 
 -- A result fetch queued again by a download whose link expired wakes idle workers (a worker
 -- recording a completion queues one too, but it is awake anyway).
+-- vidpoll: step
 DROP TRIGGER IF EXISTS vidpoll_jobs_result_requeued ON video_jobs;
 CREATE TRIGGER vidpoll_jobs_result_requeued
   AFTER UPDATE OF result_state ON video_jobs
@@ -78,6 +85,7 @@ CREATE TRIGGER vidpoll_jobs_result_requeued
 
 -- A download finished (or was given up): the job's hooks, which wait for it, may run now,
 -- in whichever process runs them (the same notice as "job done", with the job id).
+-- vidpoll: step
 DROP TRIGGER IF EXISTS vidpoll_download_settled ON vidpoll_deliveries;
 CREATE TRIGGER vidpoll_download_settled
   AFTER UPDATE OF state ON vidpoll_deliveries

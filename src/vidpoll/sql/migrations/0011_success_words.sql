@@ -2,6 +2,8 @@
 -- may say so with any of models.SUCCESS_STATES (Sume's CLI reads `succeeded`, `success`,
 -- `complete` as well as `completed`): each gets its download queued, not only `completed`.
 -- (record_outcomes queues the result fetch from the same list; a test keeps the two equal.)
+-- Code of level 10 works beside it (the trigger queues all that it did, and more).
+-- vidpoll: expand
 CREATE OR REPLACE FUNCTION vidpoll_queue_deliveries() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
