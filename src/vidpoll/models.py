@@ -338,6 +338,12 @@ class WorkerStats:
     """Claims made because a NOTIFY woke the loop."""
     empty_notify_wakeups: int = 0
     """Of those, the claims that found nothing (another worker was quicker)."""
+    staggered: int = 0
+    """NOTIFYs answered after a random delay (a fleet is listening: see Worker._on_notice)."""
+    herd_skips: int = 0
+    """Staggered NOTIFYs not answered at all: another worker's claim covered them."""
+    drained_sent: int = 0
+    """Claims after a NOTIFY that took every due row, announced to the fleet."""
     server_pauses: int = 0
     results_fetched: int = 0
     result_retries: int = 0

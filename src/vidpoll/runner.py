@@ -213,6 +213,10 @@ class Runner:
     def _notifications(self) -> AsyncIterator[Notice]:
         raise NotImplementedError
 
+    def _on_notice(self, note: Notice) -> bool:
+        """A NOTIFY arrived: True wakes the loop now (the default)."""
+        return True
+
     # -- counters over time -----------------------------------------------------------------
     async def _minutes_flusher(self, store: MinutesStore, sample_backlog: bool) -> None:
         """Flush the counters every MINUTES_FLUSH_S until cancelled (the owner flushes once
@@ -260,6 +264,9 @@ class Runner:
             try:
                 async for note in self._notifications():
                     failures = 0
+                    if note.channel and not self._on_notice(note):
+                        await self.signals.pulse()  # observers see what it changed
+                        continue  # taken care of (or to be, a little later)
                     if note.channel:
                         self._notified = True
                     self._wake.set()  # the first item: (re)listening, so look once anyway

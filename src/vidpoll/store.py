@@ -582,6 +582,10 @@ class PgStore:
         return (cast(float | None, row["poll_due_in_s"]),
                 cast(float | None, row["result_due_in_s"]))
 
+    async def announce_drained(self, payload: str) -> None:
+        """NOTIFY vidpoll_drained (see the query)."""
+        await self._execute("announce_drained", {"payload": payload})
+
     async def has_pending(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,),
                           results: bool = False) -> bool:
         """True while any row of `accounts` is still being polled (or, with `results`, has

@@ -10,6 +10,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import json
 import logging
 import random
 import time
@@ -63,6 +64,19 @@ RESULTS_TURN = 8
 """Every this many claim turns, result fetches get their share first even if none were seen."""
 BUSY_RETRY_S = 0.25
 """Floor of the sleep when rows are due but all locked by others: never a hot loop."""
+WAKE_CHANNELS = ("vidpoll_jobs", "vidpoll_drained")
+"""What a poller listens to: rows inserted or made due (the payload names the transaction that
+did it, from migration 0012 on), and other workers' claims that took every due row."""
+DRAINED_CHANNEL = WAKE_CHANNELS[1]
+HERD_STAGGER_S = 0.25
+"""In a fleet, an idle worker answers a NOTIFY after a random delay of up to this; a worker
+whose claim covered the notification tells the others (DRAINED_CHANNEL), and they stay asleep
+instead of twenty of them claiming one new row."""
+HERD_MEMORY_S = 300.0
+"""A worker staggers while it saw another worker answer a NOTIFY within this long (an empty
+claim after one, or another's announcement); a lone worker answers at once."""
+MAX_COVERED = 100
+"""An announcement names at most this many notifications (NOTIFY payloads stay small)."""
 WRITE_INTERVAL_S = 0.02
 """At most one outcome write per this interval: under load a write carries every read of the
 last 20 ms (one commit, one WAL flush for dozens of rows); a lone read is written at once."""
@@ -151,8 +165,11 @@ class Store(MinutesStore, Protocol):
                            refused: bool = False) -> None:
         """Pause every worker's calls of this kind for the account (a 429 also slows it)."""
 
-    def notifications(self) -> AsyncIterator[Notice]:
-        """One item once listening, then one per NOTIFY on the jobs channel."""
+    def notifications(self, channels: Sequence[str] = ...) -> AsyncIterator[Notice]:
+        """One item once listening, then one per NOTIFY on `channels`."""
+
+    async def announce_drained(self, payload: str) -> None:
+        """NOTIFY the fleet (DRAINED_CHANNEL) that a claim took every due row."""
 
 
 class StatusReader(Protocol):
@@ -193,6 +210,9 @@ class WorkerConfig:
     shutdown_timeout_s: float | None = SHUTDOWN_TIMEOUT_S
     """After stop(), reads still in flight this close to the timeout (see
     runner.shutdown_reserve_s) are stopped and their rows handed back; None waits for them."""
+    herd_stagger_s: float = HERD_STAGGER_S
+    """In a fleet, the longest random delay before an idle worker answers a NOTIFY (0: at
+    once, always)."""
     read_timeout_s: float = 0.0
     """How long one status read may take (the HTTP client's timeout). In lease mode a claimed
     row is read only while that much of its lease is left, so a worker that fell behind
@@ -241,6 +261,12 @@ class Worker(Runner):
                           if config.claim_mode is ClaimMode.LEASE else 0)
         self._refill_min = max(1, self._prefetch // 2)
         self._saturated = False
+        # the thundering-herd guard (see _on_notice)
+        self._fleet_seen_at: float | None = None
+        self._idle_sleeping = False
+        self._pending_notes: set[str] = set()
+        self._stagger: asyncio.TimerHandle | None = None
+        self._since_claim: set[str] = set()
 
     # -- control --------------------------------------------------------------------------
     def stop(self) -> None:
@@ -287,9 +313,11 @@ class Worker(Runner):
             await self.signals.pulse()
             st = self.stats
             log.info("worker %s stopped: reads=%d finished=%d errors=%s fenced_out=%d "
-                     "claims=%d probes=%d notify_wakeups=%d empty_notify_wakeups=%d",
+                     "claims=%d probes=%d notify_wakeups=%d empty_notify_wakeups=%d "
+                     "staggered=%d herd_skips=%d drained_sent=%d",
                      cfg.worker_id, st.reads, st.finished, st.errors, st.fenced_out,
-                     st.claims, st.probes, st.notify_wakeups, st.empty_notify_wakeups)
+                     st.claims, st.probes, st.notify_wakeups, st.empty_notify_wakeups,
+                     st.staggered, st.herd_skips, st.drained_sent)
 
     # -- main loop --------------------------------------------------------------------------
     async def _main_loop(self) -> None:
@@ -327,11 +355,15 @@ class Worker(Runner):
                         return  # --drain: nothing left
                     delay = probed
                 if delay == 0.0:
+                    covered = self._claim_starts()
                     claimed = await self._claim_and_dispatch(limit)
                     if notified:
                         self.stats.notify_wakeups += 1
                         if claimed == 0:
                             self.stats.empty_notify_wakeups += 1
+                            self._fleet_seen_at = self._now()  # someone else was quicker
+                        elif claimed < limit:
+                            await self._announce_drained(covered)
                     if claimed:
                         self.backlog_seen = True
                     self._saturated = claimed == limit
@@ -355,8 +387,92 @@ class Worker(Runner):
                 delay = backoff_delay(db_failures, cfg.policy, self._rng, DB_BACKOFF_MAX_S)
             self.idle = claimed == 0
             await self.signals.pulse()
-            woken = await self._sleep(delay)
+            self._idle_sleeping = self._inflight == 0 and not self._ready
+            try:
+                woken = await self._sleep(delay)
+            finally:
+                self._idle_sleeping = False
             probe_first = not woken and not claim_on_timeout
+
+    # -- NOTIFY in a fleet: no thundering herd --------------------------------------------
+    def _herd_mode(self) -> bool:
+        seen = self._fleet_seen_at
+        return (self.config.herd_stagger_s > 0 and seen is not None
+                and self._now() - seen < HERD_MEMORY_S)
+
+    def _on_notice(self, note: Notice) -> bool:
+        """A NOTIFY of a row made due wakes a lone worker at once. In a fleet (this worker saw
+        another answer one lately), an idle worker waits a random part of herd_stagger_s
+        first, and stays asleep if meanwhile another worker announces that its claim, begun
+        after that notification reached it, took every due row of this worker's accounts: a
+        notification is sent after its transaction commits, so such a claim saw its rows. A
+        notification without a transaction id (older triggers) is never taken as covered."""
+        if note.channel == DRAINED_CHANNEL:
+            self._on_drained(note.payload)
+            return False
+        if len(self._since_claim) >= MAX_COVERED:  # a subset is still true, just less useful
+            self._since_claim.clear()
+        self._since_claim.add(note.payload)
+        if not (self._idle_sleeping and self._herd_mode()):
+            return True
+        self._pending_notes.add(note.payload)
+        if self._stagger is None:
+            self.stats.staggered += 1
+            delay = self._rng.uniform(0.1, 1.0) * self.config.herd_stagger_s
+            self._stagger = asyncio.get_running_loop().call_later(delay, self._stagger_ends)
+        return False
+
+    def _stagger_ends(self) -> None:
+        self._stagger = None
+        if self._pending_notes:
+            self._notified = True
+            self._wake.set()
+
+    def _on_drained(self, payload: str) -> None:
+        try:
+            news = json.loads(payload)
+            by, accounts = str(news["by"]), set(news["accounts"])
+            results, covered = bool(news["results"]), set(news["covered"])
+        except (ValueError, KeyError, TypeError):
+            return  # not ours to read: a hint at most
+        if by == self.config.worker_id:
+            return
+        self._fleet_seen_at = self._now()
+        if (self._stagger is not None and self._pending_notes
+                and "" not in self._pending_notes and self._pending_notes <= covered
+                and set(self.config.accounts) <= accounts
+                and (results or not self.config.fetch_results)):
+            self._stagger.cancel()
+            self._stagger = None
+            self._pending_notes.clear()
+            self.stats.herd_skips += 1
+
+    def _claim_starts(self) -> set[str]:
+        """The notifications this claim covers: those that reached this worker before it."""
+        covered, self._since_claim = self._since_claim, set()
+        self._pending_notes.clear()
+        if self._stagger is not None:
+            self._stagger.cancel()
+            self._stagger = None
+        return covered
+
+    async def _announce_drained(self, covered: set[str]) -> None:
+        """After a claim that a NOTIFY started and that took every due row it could (fewer
+        than it asked for, every account, none held back by a budget or a refused key): tell
+        the fleet which notifications it covered, so their staggered answers are skipped."""
+        cfg = self.config
+        if (not self._herd_mode() or not covered or "" in covered or len(covered) > MAX_COVERED
+                or self._budget_wait is not None or any(self._auth_failures.values())
+                or len(self._unpaused(cfg.accounts)) < len(cfg.accounts)):
+            return
+        payload = json.dumps({"by": cfg.worker_id, "accounts": sorted(cfg.accounts),
+                              "results": cfg.fetch_results, "covered": sorted(covered)},
+                             separators=(",", ":"))
+        try:
+            await self.store.announce_drained(payload)
+            self.stats.drained_sent += 1
+        except DatabaseUnavailable:
+            pass  # only a hint: the others answer their notifications themselves
 
     async def _idle_delay(self, claimed: int, probing: bool = False) -> float | None:
         """How long to sleep after a claim that did not fill the batch; None ends a drain.
@@ -787,7 +903,7 @@ class Worker(Runner):
 
     # -- wake-ups -------------------------------------------------------------------------
     def _notifications(self) -> AsyncIterator[Notice]:
-        return self.store.notifications()
+        return self.store.notifications(WAKE_CHANNELS)
 
     def _db_unavailable(self, exc: DatabaseUnavailable) -> None:
         self.stats.db_errors += 1

@@ -121,7 +121,7 @@ async def test_a_worker_process_holds_at_most_four_connections_one_listening(
     env = cli_env(db_url, fake_url, HOOK_LOG=str(tmp_path / "hooks.log"))
     proc = await spawn_worker(env, "--drain", *extra)
     try:
-        async with asyncio.timeout(120):
+        async with asyncio.timeout(300):  # a bound for a hang; the drain takes seconds
             while proc.returncode is None:
                 seen.append(await _vidpoll_connections(pg_admin_url, dbname))
                 with contextlib.suppress(TimeoutError):

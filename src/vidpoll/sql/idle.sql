@@ -17,3 +17,9 @@ SELECT (SELECT extract(epoch FROM min(first.next_poll_at) - now())::float8
                         WHERE j.result_state = 'pending' AND j.account = a.account
                         ORDER BY j.result_next_at LIMIT 1) AS first)
        END AS result_due_in_s;
+
+-- name: announce_drained
+-- A claim that a NOTIFY started took every due row of its accounts: the payload (JSON: by,
+-- accounts, results, covered: the notifications it covered) lets the workers that staggered
+-- their answer to those notifications stay asleep (vidpoll.worker, "no thundering herd").
+SELECT pg_notify('vidpoll_drained', %(payload)s);
