@@ -52,13 +52,26 @@ DB_ERRORS = Counter("vidpoll_database_errors_total", "Database calls that failed
                     registry=REGISTRY)
 TABLE_REGISTRY = CollectorRegistry(auto_describe=True)
 """The table's own figures, exported by `vidpoll serve` only: every worker exporting them too
-would multiply them in any sum over instances (and scan the table once per worker)."""
-JOBS = Gauge("vidpoll_jobs", "Rows of video_jobs by state (read at scrape time).", ["state"],
-             registry=TABLE_REGISTRY)
-DUE = Gauge("vidpoll_due_rows", "Pending rows due now (counted up to 100,000).",
-            registry=TABLE_REGISTRY)
-OLDEST_DUE = Gauge("vidpoll_oldest_due_seconds", "How late the most overdue pending row is.",
-                   registry=TABLE_REGISTRY)
+would multiply them in any sum over instances (and read the table once per worker). Which of
+them are estimates: vidpoll.web.figures."""
+JOBS = Gauge("vidpoll_jobs", "Rows of video_jobs by state, read at most every 5 s. pending is "
+             "exact (counted through its partial index up to 20,000; an estimate beyond). "
+             "The finished states are exact while the table holds at most 100,000 rows and "
+             "ESTIMATES beyond that: PostgreSQL's row estimate (reltuples scaled to the "
+             "table's size) minus pending, split by ANALYZE's sample, or one 'finished' "
+             "figure if the table was never analyzed. vidpoll_jobs_estimated says which.",
+             ["state"], registry=TABLE_REGISTRY)
+JOBS_ESTIMATED = Gauge("vidpoll_jobs_estimated", "1 where vidpoll_jobs{state} is an estimate "
+                       "now, 0 where it is an exact count.", ["state"],
+                       registry=TABLE_REGISTRY)
+STATISTICS_AGE = Gauge("vidpoll_jobs_statistics_age_seconds", "Age of the ANALYZE sample "
+                       "that splits the estimated vidpoll_jobs figures by state (NaN: never "
+                       "analyzed, or no figure is an estimate).", registry=TABLE_REGISTRY)
+DUE = Gauge("vidpoll_due_rows", "Pending rows due now: exact, counted through the partial "
+            "index up to 20,000 (20,000 means at least that many; vidpoll_oldest_due_seconds "
+            "tells how far behind).", registry=TABLE_REGISTRY)
+OLDEST_DUE = Gauge("vidpoll_oldest_due_seconds", "How late the most overdue pending row is "
+                   "(exact).", registry=TABLE_REGISTRY)
 
 
 @dataclass
@@ -124,5 +137,6 @@ def metric_names() -> Iterator[str]:
     """Every metric family this module defines (for docs and tests)."""
     for collector in (POLLS, READ_SECONDS, LATENESS, CLAIM_BATCH, IN_FLIGHT, SUBMISSIONS,
                       RESULT_FETCHES, DELIVERIES, TOKENS, BUDGET_WAITS, SERVER_PAUSES,
-                      FENCED_OUT, DB_ERRORS, JOBS, DUE, OLDEST_DUE):
+                      FENCED_OUT, DB_ERRORS, JOBS, JOBS_ESTIMATED, STATISTICS_AGE, DUE,
+                      OLDEST_DUE):
         yield from (m.name for m in collector.describe())

@@ -825,6 +825,10 @@ class PgStore:
         assert row is not None
         return int(row["pending"]), int(row["due"]), float(row["oldest_late_s"])
 
+    async def stuck_claims_upto(self, upto: int) -> list[dict[str, Any]]:
+        """stuck_claims among the `upto` most overdue pending rows only."""
+        return await self._all("scrape_stuck_claims", {"upto": upto})
+
     def notifications(self, channels: Sequence[str] = (JOBS_CHANNEL,)
                       ) -> AsyncIterator[Notice]:
         """Yield Notice("", "") once LISTEN is in place, then one Notice per NOTIFY.

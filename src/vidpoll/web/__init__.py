@@ -5,6 +5,7 @@ now), the dashboard (vidpoll.web.dashboard), Prometheus metrics, /healthz and /r
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ from vidpoll import metrics
 from vidpoll.errors import DatabaseUnavailable, SchemaError
 from vidpoll.store import PgStore
 from vidpoll.web.dashboard import Guard, setup_dashboard
+from vidpoll.web.figures import TableFigures, read_figures
 from vidpoll.webhook import (
     DEFAULT_TOLERANCE_S,
     MAX_BODY_BYTES,
@@ -29,7 +31,22 @@ STORE = web.AppKey("store", PgStore)
 
 
 GAUGES_MAX_AGE_S = 5.0
-"""A scrape reads the database's counts at most this often (they cost a table scan)."""
+"""A scrape reads the table's figures at most this often (a few index and catalog reads:
+vidpoll.web.figures), however many scrapers there are."""
+
+
+def export_figures(figures: TableFigures, now_s: float) -> None:
+    """Set the table's gauges from `figures` (`now_s`: time.time(), for the sample's age)."""
+    metrics.JOBS.clear()  # a state whose rows are all gone reads 0, not stale
+    metrics.JOBS_ESTIMATED.clear()
+    for state, n in figures.states.items():
+        metrics.JOBS.labels(state).set(n)
+        metrics.JOBS_ESTIMATED.labels(state).set(1 if state in figures.estimated else 0)
+    analyzed = figures.analyzed_at
+    metrics.STATISTICS_AGE.set(max(0.0, now_s - analyzed.timestamp())
+                               if analyzed is not None and figures.estimated else math.nan)
+    metrics.DUE.set(figures.due)
+    metrics.OLDEST_DUE.set(figures.oldest_late_s)
 
 
 def make_app(store: PgStore, webhook_secret: str | None,
@@ -98,8 +115,8 @@ def metrics_app(store: PgStore) -> web.Application:
 def add_health_and_metrics(app: web.Application, store: PgStore,
                            table_gauges: bool = True) -> None:
     """/healthz (the process answers), /readyz (database reachable, schema current) and
-    /metrics (this process's counters and, with `table_gauges`, the table's counts read at
-    scrape time)."""
+    /metrics (this process's counters and, with `table_gauges`, the table's figures read at
+    scrape time: exact pending and due counts, estimated finished ones on a big table)."""
     refreshed = [0.0]
 
     async def healthz(request: web.Request) -> web.Response:
@@ -119,16 +136,11 @@ def add_health_and_metrics(app: web.Application, store: PgStore,
         if table_gauges:
             if time.monotonic() - refreshed[0] > GAUGES_MAX_AGE_S:
                 try:
-                    counts = await store.counts()
-                    due, oldest = await store.due_backlog_sample()
+                    figures = await read_figures(store)
                 except DatabaseUnavailable:
                     pass  # the process's own counters are still worth a scrape
                 else:
-                    metrics.JOBS.clear()  # a state whose rows are all gone reads 0, not stale
-                    for state, n in counts.items():
-                        metrics.JOBS.labels(state).set(n)
-                    metrics.DUE.set(due)
-                    metrics.OLDEST_DUE.set(oldest)
+                    export_figures(figures, time.time())
                     refreshed[0] = time.monotonic()
             body += generate_latest(metrics.TABLE_REGISTRY)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,6 +1,7 @@
 """The dashboard: server-rendered pages (Jinja2, no JavaScript) over the job table.
 
-Pages: the overview (counts, backlog, lateness and reads over the last hour as SVG charts,
+Pages: the overview (counts, exact for pending rows and estimated for finished ones on a big
+table: vidpoll.web.figures; backlog, lateness and reads over the last hour as SVG charts,
 recent errors, stuck claims, deliveries), the jobs table (filters, keyset paging that stays fast
 at a million rows), a job's detail (row, intent, result without signed query strings,
 deliveries, history) with its actions (resume, poll now, retry the intent).
@@ -41,6 +42,7 @@ from vidpoll.models import (
     UNKNOWN,
 )
 from vidpoll.store import InvalidCursor, PgStore
+from vidpoll.web.figures import COUNT_CAP_ROWS, EXACT_ROWS, STUCK_WALK_ROWS, read_figures
 
 SESSION_COOKIE = "vidpoll_session"
 PAGE_SIZES = (25, 50, 100, 200)
@@ -156,6 +158,7 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
     env.filters["when"] = _when
     env.filters["ago"] = _ago
     env.filters["q"] = lambda v: quote(str(v), safe="")
+    env.filters["n"] = lambda v: f"{v:,}"  # 9,405,000: readable at 10M rows
     env.globals["STATES"] = STATES
 
     def render(request: web.Request, name: str, status: int = 200,
@@ -188,18 +191,21 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
     app.middlewares.append(wall)
 
     async def overview(request: web.Request) -> web.Response:
-        counts = await store.counts()
-        due, late = await store.backlog()
+        figures = await read_figures(store)
         series = _series(await store.minutes_since(CHART_MINUTES), datetime.now(UTC))
-        return render(request, "overview.html", counts=counts,
-                      total=sum(counts.values()), due=due, late=late,
+        return render(request, "overview.html", counts=figures.states,
+                      estimated=figures.estimated, analyzed_at=figures.analyzed_at,
+                      total=figures.total, due=figures.due, due_capped=figures.due_capped,
+                      late=figures.oldest_late_s, exact_rows=EXACT_ROWS,
+                      cap=COUNT_CAP_ROWS,
                       charts=[_bar_chart(series["reads"], "Status reads per minute", ""),
                               _bar_chart(series["errors"], "Failed reads per minute", ""),
                               _bar_chart(series["late_max"], "Worst lateness per minute", "s"),
                               _bar_chart(series["backlog"], "Rows due (sampled each minute)",
                                          "")],
                       errors=without_signatures(await store.recent_errors(15)),
-                      stuck=await store.stuck_claims(),
+                      stuck=await store.stuck_claims_upto(STUCK_WALK_ROWS),
+                      stuck_walk=STUCK_WALK_ROWS,
                       deliveries=await store.delivery_backlog())
 
     async def jobs(request: web.Request) -> web.Response:
