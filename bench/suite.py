@@ -408,7 +408,12 @@ def _wait(predicate: Callable[[], bool], within_s: float) -> None:
 SCENARIOS: dict[str, Callable[[str, bool], dict[str, Any]]] = {
     "latency": latency, "throughput": throughput, "saturation": saturation,
     "peers": peers, "lateness": lateness, "idle": idle, "recovery": recovery, "scale": scale,
-    "bloat": bloat}
+    "bloat": bloat,
+    # issue #16: bench/fleet.py (20 workers), bench/vacuum_scale.py (5M rows); imported late,
+    # as they import this module
+    "fleet": lambda url, quick: __import__("fleet").fleet(url, quick),
+    "vacuum_scale": lambda url, quick: __import__("vacuum_scale").vacuum_scale(url, quick),
+    "upgrade": lambda url, quick: __import__("upgrade").upgrade(url, quick)}
 
 
 def main() -> None:
@@ -419,8 +424,9 @@ def main() -> None:
     args = p.parse_args()
     machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
     # --quick (make bench-quick, under 2 minutes) leaves out the scenarios that need minutes
-    # to mean anything: idle (start-up dominates a short life), peers, bloat (its vacuums)
-    quick_skips = {"idle", "peers", "bloat"}
+    # to mean anything: idle (start-up dominates a short life), peers, bloat (its vacuums),
+    # fleet (20 processes), vacuum_scale (a 5M-row table), upgrade (a 1M-row table)
+    quick_skips = {"idle", "peers", "bloat", "fleet", "vacuum_scale", "upgrade"}
     for name in args.only or [n for n in SCENARIOS if not (args.quick and n in quick_skips)]:
         with scratch_database() as url:
             asyncio.run(migrate(url))

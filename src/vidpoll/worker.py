@@ -73,8 +73,11 @@ HERD_STAGGER_S = 0.25
 whose claim covered the notification tells the others (DRAINED_CHANNEL), and they stay asleep
 instead of twenty of them claiming one new row."""
 HERD_MEMORY_S = 300.0
-"""A worker staggers while it saw another worker answer a NOTIFY within this long (an empty
-claim after one, or another's announcement); a lone worker answers at once."""
+"""A worker staggers while it heard from another worker within this long (an announcement,
+a presence notice, or an empty claim after a NOTIFY); a lone worker answers at once."""
+PRESENCE_EVERY_S = HERD_MEMORY_S / 3
+"""A listening worker tells the others it is there this often (one statement): so the fleet
+staggers from its first NOTIFY on, and stops staggering within HERD_MEMORY_S when alone."""
 MAX_COVERED = 100
 """An announcement names at most this many notifications (NOTIFY payloads stay small)."""
 WRITE_INTERVAL_S = 0.02
@@ -85,8 +88,10 @@ WRITE_MARGIN_S = 0.5
 WRITE_INTERVAL_S plus the database's time) must land before another worker may claim the row,
 or that worker could read it earlier than the hint the answer carried."""
 DEFAULT_VACUUM_EVERY_ROWS = 5_000
-"""Dead row versions a worker lets pile up before it vacuums the job table: about one second
-of a busy worker's writes (two per poll)."""
+"""Dead row versions a worker lets pile up before it vacuums the job table (with its index
+pass forced: the vacuum_jobs query): about a second of a busy worker's writes (two per poll).
+50,000 let a 10,000-row table grow 6.57x in 1M polls (target 3x) and the hot index 5x larger
+at 5M finished rows (BENCHMARKS.md, "Vacuum at 5M rows")."""
 
 
 def late_at_read(job: ClaimedJob) -> float:
@@ -267,6 +272,8 @@ class Worker(Runner):
         self._pending_notes: set[str] = set()
         self._stagger: asyncio.TimerHandle | None = None
         self._since_claim: set[str] = set()
+        self._peers: set[str] = set()
+        self._presence_due = asyncio.Event()
 
     # -- control --------------------------------------------------------------------------
     def stop(self) -> None:
@@ -286,6 +293,8 @@ class Worker(Runner):
                                        name="vidpoll-minutes")]
         if cfg.listen:
             helpers.append(asyncio.create_task(self._listener(), name="vidpoll-listener"))
+            if cfg.herd_stagger_s > 0:
+                helpers.append(asyncio.create_task(self._presence(), name="vidpoll-presence"))
         try:
             await self._main_loop()
         finally:
@@ -386,8 +395,8 @@ class Worker(Runner):
                 self._db_unavailable(exc)
                 delay = backoff_delay(db_failures, cfg.policy, self._rng, DB_BACKOFF_MAX_S)
             self.idle = claimed == 0
-            await self.signals.pulse()
             self._idle_sleeping = self._inflight == 0 and not self._ready
+            await self.signals.pulse()
             try:
                 woken = await self._sleep(delay)
             finally:
@@ -422,6 +431,21 @@ class Worker(Runner):
             self._stagger = asyncio.get_running_loop().call_later(delay, self._stagger_ends)
         return False
 
+    async def _presence(self) -> None:
+        """Tell the fleet this worker listens (an announcement that covers nothing), on start
+        and every PRESENCE_EVERY_S: a worker that hears one staggers its answers."""
+        cfg = self.config
+        payload = json.dumps({"by": cfg.worker_id, "accounts": [], "results": False,
+                              "covered": []}, separators=(",", ":"))
+        while True:
+            await self.signals.wait_for(lambda: self.listening, HERD_MEMORY_S * 1000)
+            self._presence_due.clear()
+            with contextlib.suppress(DatabaseUnavailable):  # only a hint
+                await self.store.announce_drained(payload)
+            await asyncio.sleep(1.0)  # at most one a second, whoever asks
+            with contextlib.suppress(TimeoutError):  # a newcomer asks for one sooner
+                await asyncio.wait_for(self._presence_due.wait(), PRESENCE_EVERY_S - 1.0)
+
     def _stagger_ends(self) -> None:
         self._stagger = None
         if self._pending_notes:
@@ -438,6 +462,11 @@ class Worker(Runner):
         if by == self.config.worker_id:
             return
         self._fleet_seen_at = self._now()
+        if by not in self._peers:  # a newcomer did not hear this worker's last notice
+            if len(self._peers) > 10_000:
+                self._peers.clear()
+            self._peers.add(by)
+            self._presence_due.set()
         if (self._stagger is not None and self._pending_notes
                 and "" not in self._pending_notes and self._pending_notes <= covered
                 and set(self.config.accounts) <= accounts

@@ -126,7 +126,14 @@ WHERE c.oid = 'video_jobs'::regclass AND d.datname = current_database();
 -- SKIP_LOCKED: if autovacuum or another worker is at it, this one steps aside.
 -- TRUNCATE false: no end-of-table truncation, whose exclusive lock (replayed on replicas)
 -- would come with every one of these frequent runs.
-VACUUM (SKIP_LOCKED, TRUNCATE false) video_jobs;
+-- INDEX_CLEANUP ON: PostgreSQL skips the index pass while dead rows sit on fewer than 2 % of
+-- the table's pages, which a small hot set among millions of finished rows always does: then
+-- no vacuum (autovacuum's neither) ever cleans the hot partial indexes, and at 10,000 pending
+-- rows among 5,000,000 finished ones they grew from 0.17 MB to 25-49 MB in 180 s
+-- (bench/vacuum_scale.py); forced, they stayed at 2.3 MB. The pass reads every index whole
+-- when there are dead rows to remove, so it costs more with more finished rows (0.45 s at 5M
+-- here, when forced every 15 s): archive them (docs/SCALING.md).
+VACUUM (SKIP_LOCKED, TRUNCATE false, INDEX_CLEANUP ON) video_jobs;
 
 -- name: next_due_in
 -- Seconds until the earliest pending row of these accounts is due (negative if overdue), by
