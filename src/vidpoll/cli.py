@@ -220,8 +220,9 @@ def migrate_cmd() -> None:
               type=click.FloatRange(1, 86_400), metavar="SECONDS",
               help="After SIGTERM/SIGINT, exit within this (under your orchestrator's grace "
                    "period: Kubernetes' default is 30 s). Reads, POSTs, downloads and hooks "
-                   "that finish in time are recorded; the rest are handed back to other "
-                   "workers a few seconds before it ends.")
+                   "that finish in time are recorded; a few seconds before it ends the rest "
+                   "are stopped: deliveries handed back to other workers, reads and POSTs "
+                   "left to their leases.")
 def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                batch_size: int, lease_seconds: float | None, db_connections: int,
                vacuum_every: int, poll_only: bool, submit_only: bool, max_active: int | None,

@@ -214,7 +214,8 @@ class WorkerConfig:
     up to a quarter of a claim's tokens when results are due, and whatever is left over."""
     shutdown_timeout_s: float | None = SHUTDOWN_TIMEOUT_S
     """After stop(), reads still in flight this close to the timeout (see
-    runner.shutdown_reserve_s) are stopped and their rows handed back; None waits for them."""
+    runner.shutdown_reserve_s) are stopped, their rows left to their leases (claimed rows not
+    yet read are released at once); None waits for them."""
     herd_stagger_s: float = HERD_STAGGER_S
     """In a fleet, the longest random delay before an idle worker answers a NOTIFY (0: at
     once, always)."""
@@ -308,7 +309,8 @@ class Worker(Runner):
             cancelled = await self._finish_tasks(cfg.shutdown_timeout_s)
             if cancelled:
                 log.warning("worker %s: %d reads still in flight at the shutdown timeout "
-                            "(%gs) were stopped; their rows are handed back, due as before",
+                            "(%gs) were stopped; their rows come due when their leases end "
+                            "(an answer may have been on its way)",
                             cfg.worker_id, cancelled, cfg.shutdown_timeout_s)
             # only now can no new result appear: every read task has ended
             self._writer_may_exit = True
@@ -744,8 +746,11 @@ class Worker(Runner):
                 outcome = await self._read(job)
                 if outcome is None:
                     self._release.append(job)
-        except asyncio.CancelledError:  # the shutdown timeout: nothing learned, hand it back
-            self._release.append(job)
+        except asyncio.CancelledError:
+            # the shutdown timeout stopped it. Its row keeps its lease, as after a kill: the
+            # request went out, and Sume may have answered with a hint this worker never read
+            # (released due as before, another worker read such a row 0.84 s sooner than that
+            # hint in a chaos run); the lease is the schedule
             raise
         except Exception:
             log.exception("unexpected error reading job %s; its lease will expire", job.job_id)
