@@ -567,11 +567,6 @@ class PgStore:
         # VACUUM reports a skip (or a role that may not) as a notice, never an error
         return not any(m.startswith("skipping") for m in self._vacuum_notices)
 
-    async def next_due_in(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,)) -> float | None:
-        """Seconds until the earliest pending row is due (database clock); None if none."""
-        row = await self._one("next_due_in", {"accounts": list(accounts)})
-        return None if row is None else cast(float | None, row["next_due_in_s"])
-
     async def next_work_due_in(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,),
                                results: bool = False) -> tuple[float | None, float | None]:
         """(seconds until the earliest pending row is due, the same for result fetches, or
@@ -609,12 +604,6 @@ class PgStore:
             "result": None if outcome.result is None else Jsonb(outcome.result),
             "error": outcome.error, "delay_s": outcome.delay_s, "now": now})
         return row is not None
-
-    async def next_result_due_in(self, accounts: Sequence[str] = (DEFAULT_ACCOUNT,)
-                                 ) -> float | None:
-        """Seconds until the earliest result fetch is due; None if none is pending."""
-        row = await self._one("next_result_due_in", {"accounts": list(accounts)})
-        return None if row is None else cast(float | None, row["next_due_in_s"])
 
     async def add_job(self, job_id: str, delay_s: float = 15.0, now: datetime | None = None,
                       account: str = DEFAULT_ACCOUNT) -> bool:

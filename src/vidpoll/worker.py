@@ -135,18 +135,12 @@ class Store(MinutesStore, Protocol):
     async def record_result(self, outcome: ResultOutcome) -> bool:
         """Write one result fetch's outcome, fenced."""
 
-    async def next_result_due_in(self, accounts: Sequence[str] = ...) -> float | None:
-        """Seconds until the next result fetch is due."""
-
     async def release(self, jobs: Sequence[ClaimedJob]) -> set[str]:
         """Give rows back unread."""
 
     async def next_work_due_in(self, accounts: Sequence[str] = ..., results: bool = ...
                                ) -> tuple[float | None, float | None]:
         """(seconds until the next row is due, the same for result fetches)."""
-
-    async def next_due_in(self, accounts: Sequence[str] = ...) -> float | None:
-        """Seconds until the next pending row is due."""
 
     async def can_vacuum_jobs(self) -> bool:
         """Whether this role may VACUUM the job table."""

@@ -135,15 +135,6 @@ WHERE c.oid = 'video_jobs'::regclass AND d.datname = current_database();
 -- here, when forced every 15 s): archive them (docs/SCALING.md).
 VACUUM (SKIP_LOCKED, TRUNCATE false, INDEX_CLEANUP ON) video_jobs;
 
--- name: next_due_in
--- Seconds until the earliest pending row of these accounts is due (negative if overdue), by
--- the database's clock so worker clock skew does not matter; one index probe per account.
-SELECT extract(epoch FROM min(first.next_poll_at) - now())::float8 AS next_due_in_s
-FROM unnest(%(accounts)s::text[]) AS a(account),
-     LATERAL (SELECT next_poll_at FROM video_jobs j
-              WHERE j.state = 'pending' AND j.account = a.account
-              ORDER BY j.next_poll_at LIMIT 1) AS first;
-
 -- name: has_pending
 -- For --drain: is any row still being polled (claimed or not)?
 SELECT EXISTS (SELECT 1 FROM video_jobs
@@ -740,14 +731,6 @@ SET result_state = %(state)s,
     result_token = NULL
 WHERE job_id = %(job_id)s AND result_token = %(token)s AND result_state = 'pending'
 RETURNING job_id;
-
--- name: next_result_due_in
--- Seconds until the earliest result fetch of these accounts is due; NULL if none.
-SELECT extract(epoch FROM min(first.result_next_at) - now())::float8 AS next_due_in_s
-FROM unnest(%(accounts)s::text[]) AS a(account),
-     LATERAL (SELECT result_next_at FROM video_jobs j
-              WHERE j.result_state = 'pending' AND j.account = a.account
-              ORDER BY j.result_next_at LIMIT 1) AS first;
 
 -- name: job_history
 -- One job's events, oldest first (`jobs show`).
