@@ -157,9 +157,9 @@ async def test_two_workers_answer_one_notification_with_one_claim(store, fake, d
                                                                  make_worker):
     """Two real workers: each hears the other's presence notice, so both stagger; the second
     one's staggered answer is skipped because the first one's claim covered it (staggers
-    fixed so the first is first: up to 0.05 s vs at least 2 s)."""
+    fixed so the first is first: up to 0.05 s vs at least 6 s, room for a busy machine)."""
     quick = make_worker(idle_max_s=30.0, herd_stagger_s=0.05, worker_id="quick")
-    slow = make_worker(idle_max_s=30.0, herd_stagger_s=20.0, worker_id="slow")
+    slow = make_worker(idle_max_s=30.0, herd_stagger_s=60.0, worker_id="slow")
     tasks = [asyncio.create_task(w.run()) for w in (quick, slow)]
     try:
         for w in (quick, slow):  # no help from the test: they find each other
