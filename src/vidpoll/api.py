@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from vidpoll.config import Settings
+from vidpoll.config import Settings, key_variable
 from vidpoll.deliver import Deliverer, DeliveryConfig, Hook, hook_name
 from vidpoll.download import Downloader
 from vidpoll.embedded import resolve_database_url
@@ -38,14 +39,17 @@ from vidpoll.models import (
     Job,
     SubmitOutcome,
 )
-from vidpoll.policy import AuthPause
+from vidpoll.policy import RETRYABLE_4XX, AuthPause
 from vidpoll.runner import SHUTDOWN_TIMEOUT_S
-from vidpoll.store import INTENTS_CHANNEL, JOB_DONE_CHANNEL, PgStore
+from vidpoll.store import INTENTS_CHANNEL, JOB_DONE_CHANNEL, POLLS, SUBMITS, PgStore
 from vidpoll.submitter import SubmitterConfig, submit_now
-from vidpoll.sume import SumeClient
+from vidpoll.sume import DEFAULT_CREATE_PATH, SumeClient
 
 WAIT_FALLBACK_S = 5.0
 """wait() re-reads the row at least this often, so a missed NOTIFY never hangs a caller."""
+WORKER_CHECK_S = 5.0
+"""wait() looks whether a worker serves the job's account at most this often."""
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,10 @@ class Submission:
     intent: Intent
     new: bool
     reason: str | None = None
+    refused: str | None = None
+    """Set when Sume refused this process's configuration rather than the request: "key"
+    (the API key, HTTP 401/403) or "url" (an answer that is not Sume's: a wrong
+    SUME_BASE_URL, a proxy). The intent is kept, queued; `reason` says how it gets sent."""
 
     @property
     def key(self) -> str:
@@ -80,6 +88,26 @@ def unknown_reason(intent: Intent) -> str:
             "running `vidpoll worker` sends it again with the same key every minute or two "
             "(a top-up brings its job back); `vidpoll intents resolve KEY --job-id ID | "
             "--not-billed` settles it")
+
+
+def config_refusal(result: SubmitOutcome | AuthPause | None) -> str | None:
+    """"key" if Sume refused the API key, "url" if the answer was not Sume's (a 4xx without
+    its error envelope: a wrong base URL, a proxy), else None (a refusal of the request
+    itself, an outage, no answer yet: not a setting to fix)."""
+    if isinstance(result, AuthPause):
+        return "key" if result.http_status in (401, 403) else "url"
+    if (isinstance(result, SubmitOutcome) and result.state == QUEUED
+            and result.error_code is None and result.http_status is not None
+            and 400 <= result.http_status < 500 and result.http_status not in RETRYABLE_4XX):
+        return "url"
+    return None
+
+
+def no_worker_notice(what: str, account: str, role: str) -> str:
+    """The line wait() gives when no worker serves `account`."""
+    does = "polls jobs" if role == POLLS else "sends intents"
+    return (f"no `vidpoll worker` that {does} for account {account!r} is connected to this "
+            f"database: {what} waits until one starts (still waiting)")
 
 
 class Vidpoll:
@@ -118,6 +146,8 @@ class Vidpoll:
 
         `key` defaults to a new UUID; the same key again returns the existing intent (and
         raises KeyConflict if the payload differs). Raises IntentRejected if Sume refused it.
+        If Sume refused the configuration instead (the API key, or a base URL that does not
+        answer as Sume), the intent stays queued and `Submission.refused` says which.
         The admission cap is `settings.max_active` (VIDPOLL_MAX_ACTIVE). An error raised after
         the intent was committed carries a note with its key: submit again with that key.
         """
@@ -182,12 +212,31 @@ class Vidpoll:
             raise LookupError(f"no intent with key {key!r}")
         if intent.state == REJECTED:
             raise IntentRejected(key, intent.error_code, intent.error_message)
-        reason = None
+        reason = refused = None
         if intent.state == QUEUED:
-            reason = await self._why_queued(key, result, cap)
+            refused = config_refusal(result)
+            if refused is not None:
+                reason = self._refusal_reason(key, account, refused, result)
+            else:
+                reason = await self._why_queued(key, result, cap)
         elif intent.state == UNKNOWN:
             reason = unknown_reason(intent)
-        return Submission(intent, False, reason)
+        return Submission(intent, False, reason, refused)
+
+    def _refusal_reason(self, key: str, account: str, refused: str,
+                        result: SubmitOutcome | AuthPause | None) -> str:
+        kept = (f"the intent is kept, queued under key {key!r}: once that is fixed, a running "
+                "`vidpoll worker` sends it with the same key, never a second render "
+                f"(`vidpoll intents retry {key}` makes it due at once)")
+        if refused == "key":
+            detail = result.detail if isinstance(result, AuthPause) else "refused"
+            return (f"Sume refused the API key of account {account!r} ({detail}); check "
+                    f"{key_variable(account)}; {kept}")
+        status = result.http_status if result is not None else None
+        url = self.settings.sume_base_url.rstrip("/") + DEFAULT_CREATE_PATH
+        return (f"POST {url} was answered HTTP {status} without Sume's error envelope: "
+                f"SUME_BASE_URL looks wrong (a wrong path or host, or a proxy in between); "
+                f"{kept}")
 
     async def queued_reason(self, key: str) -> str:
         """A sentence on why an intent is still queued."""
@@ -196,8 +245,6 @@ class Vidpoll:
     async def _why_queued(self, key: str, result: SubmitOutcome | AuthPause | None,
                           cap: int | None) -> str:
         later = "a running `vidpoll worker` sends it with the same key"
-        if isinstance(result, AuthPause):
-            return f"Sume refused the API key ({result.detail}); the intent is kept and {later}"
         if isinstance(result, SubmitOutcome):
             return (f"Sume did not confirm it ({result.error}); {later} in about "
                     f"{result.delay_s:.0f}s, so at most one clip is billed")
@@ -267,18 +314,24 @@ class Vidpoll:
 
     async def wait(self, job_id: str | None = None, *, key: str | None = None,
                    timeout: float | None = None,  # noqa: ASYNC109 (the documented API)
-                   with_result: bool = False) -> Job:
+                   with_result: bool = False,
+                   on_no_worker: Callable[[str], None] | None = None) -> Job:
         """Block until the job (given by id, or by the key that submits it) is final; with
         `with_result`, also until a completed job's result is fetched (job.result).
 
         Listens for NOTIFY and re-reads the row at least every 5 s, so a missed notification
-        costs seconds, never a hang. Raises TimeoutError after `timeout` seconds,
+        costs seconds, never a hang. When no worker process serving the job's account is
+        connected (none sends the intent, or none polls the job), says so within seconds,
+        once per absence, and keeps waiting: `on_no_worker(line)`, else a WARNING in the log.
+        Raises TimeoutError (naming the job and its key) after `timeout` seconds,
         IntentRejected if the key's submission was rejected, LookupError for an unknown id.
         """
         if (job_id is None) == (key is None):
             raise ConfigError("wait() needs exactly one of job_id or key")
         woken = asyncio.Event()
         listening = asyncio.Event()
+        seen = {"job_id": job_id, "key": key}
+        tell = on_no_worker or (lambda line: log.warning("%s", line))
 
         async def listen() -> None:
             with contextlib.suppress(Exception):  # only a hint: the re-reads carry on
@@ -291,6 +344,7 @@ class Vidpoll:
             listening.set()
 
         listener = asyncio.create_task(listen())
+        watch = _WorkerWatch(self.store, tell)
         try:
             async with asyncio.timeout(timeout):
                 # LISTEN first, then read: a change between the two is never missed
@@ -305,17 +359,58 @@ class Vidpoll:
                             raise LookupError(f"no intent with key {key!r}")
                         if intent.state == REJECTED:
                             raise IntentRejected(key, intent.error_code, intent.error_message)
-                        job_id = intent.job_id
+                        job_id = seen["job_id"] = intent.job_id
+                        if job_id is None:
+                            await watch.check(intent.account, SUBMITS,
+                                              f"the intent under key {key!r}")
                     if job_id is not None:
                         job = await self.store.job(job_id)
                         self.wait_reads += 1
                         if job is None:
                             raise LookupError(f"no job {job_id!r}")
+                        seen["key"] = seen["key"] or job.idempotency_key
                         if job.result_settled if with_result else job.is_final:
                             return job
+                        await watch.check(job.account, POLLS, f"job {job_id}")
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(woken.wait(), WAIT_FALLBACK_S)
+        except TimeoutError:
+            assert timeout is not None
+            raise TimeoutError(f"{_named(seen['job_id'], seen['key'])} is not final after "
+                               f"{timeout:g}s; it goes on") from None
         finally:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
+
+
+def _named(job_id: str | None, key: str | None) -> str:
+    """`job J (key K)`, `the intent under key K (no job yet)`, as a wait knows them."""
+    if job_id is None:
+        return f"the intent under key {key!r} (no job yet)"
+    return f"job {job_id}" + (f" (key {key!r})" if key else " (no idempotency key)")
+
+
+class _WorkerWatch:
+    """wait()'s look at who serves an account, at most every WORKER_CHECK_S: tells once when
+    none does, and again only after one was back."""
+
+    def __init__(self, store: PgStore, tell: Callable[[str], None]) -> None:
+        self.store = store
+        self.tell = tell
+        self.checked_at: float | None = None
+        self.absent = False
+
+    async def check(self, account: str, role: str, what: str) -> None:
+        now = asyncio.get_running_loop().time()
+        if self.checked_at is not None and now - self.checked_at < WORKER_CHECK_S:
+            return
+        self.checked_at = now
+        served = await self.store.serving(account, role)
+        if served is None:
+            return  # cannot tell: say nothing
+        if not served and not self.absent:
+            self.tell(no_worker_notice(what, account, role))
+        elif served and self.absent:
+            log.info("a worker serving account %r is connected now", account)
+        self.absent = not served

@@ -5,21 +5,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
+import importlib.metadata
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import fields
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+import vidpoll
 from vidpoll import logs
 from vidpoll.api import Submission, Vidpoll
 from vidpoll.bulk import BadLine, KeyDeriver, parse_param
@@ -30,7 +37,7 @@ from vidpoll.config import (
     parse_duration,
 )
 from vidpoll.deliver import Deliverer, DeliveryConfig, load_hook
-from vidpoll.doctor import FAIL, OK, WARN, diagnose
+from vidpoll.doctor import FAIL, OK, WARN, check_providers, diagnose
 from vidpoll.download import Downloader
 from vidpoll.embedded import refusal as embedded_refusal
 from vidpoll.embedded import resolve_database_url
@@ -53,11 +60,20 @@ from vidpoll.fake_sume import (
     FakeSume,
     start_fake,
 )
-from vidpoll.media import without_signatures
-from vidpoll.models import SUCCESS_STATES, ClaimMode, Intent
+from vidpoll.media import media_urls, without_signatures
+from vidpoll.models import DOWNLOAD, SUCCESS_STATES, ClaimMode, Intent
 from vidpoll.runner import SHUTDOWN_TIMEOUT_S, default_worker_id
 from vidpoll.sql import migrations
-from vidpoll.store import PRUNE_KEPT_REASONS, InvalidCursor, PgStore, migrate
+from vidpoll.store import (
+    ORDERS,
+    POLLS,
+    PRUNE_KEPT_REASONS,
+    SUBMITS,
+    InvalidCursor,
+    PgStore,
+    Serves,
+    migrate,
+)
 from vidpoll.submitter import Submitter, SubmitterConfig
 from vidpoll.sume import SumeClient
 from vidpoll.worker import DEFAULT_VACUUM_EVERY_ROWS, Worker, WorkerConfig
@@ -67,11 +83,66 @@ log = logging.getLogger(__name__)
 EXIT_CODES: dict[type[VidpollError], int] = {
     ConfigError: 2, DatabaseUnavailable: 3, SchemaError: 4, IntentRejected: 5,
     InvalidJobId: 6, InvalidIntent: 6, KeyConflict: 6}
+"""Exit codes (docs: the command reference):
+0 done; 1 failed otherwise (no such job or intent, a doctor check failed); 2 a setting or
+usage error (one line, nothing done); 3 PostgreSQL unreachable; 4 schema missing or too old;
+5 Sume rejected the submission; 6 bad input (job id, key, payload, cursor); 7 the job ended
+without a video; 8 --timeout ran out (the job goes on); 9 Sume refused the configuration
+(API key or base URL; the intent is kept, queued); 75 a worker ended a sync hook's thread at
+shutdown; 128+N a worker stopped at once by a second signal N (130: Ctrl-C)."""
 EXIT_BAD_INPUT = 6
 MIN_TOKEN_CHARS = 16
 EXIT_NOT_COMPLETED = 7
 EXIT_WAIT_TIMEOUT = 8
+EXIT_PROVIDER_REFUSED = 9
 BULK_BATCH = 200
+
+
+def _stderr(text: str) -> None:
+    """One line on stderr in the log's format (json: an object), redacted: `error: ...`,
+    `warning: ...` and `note: ...` keep their level, anything else is info."""
+    level, sep, rest = text.partition(": ")
+    if not sep or level not in ("error", "warning", "note"):
+        level, rest = "info", text
+    click.echo(logs.say(level, rest, "vidpoll.cli"), err=True)
+
+
+class _Main(click.Group):
+    """The `vidpoll` group: a usage error (a bad flag or value, an unreadable --json file) is
+    one line and exit 2, like every setting error, instead of click's usage block."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the command line (click's entry point); exit with the command's code."""
+        if kwargs.get("standalone_mode", True) is False:
+            return super().main(*args, **kwargs)
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click.ClickException as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # `vidpoll` alone: the help
+                exc.show()
+                sys.exit(exc.exit_code)
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            _stderr(f"error: {exc.format_message()}{hint}")
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            _stderr("error: aborted")
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("vidpoll")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return str(getattr(vidpoll, "__version__", "unknown"))
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"vidpoll {_version()}")
+        ctx.exit()
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -79,10 +150,10 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coro)
     except VidpollError as exc:
-        click.echo(f"error: {exc}", err=True)
+        _stderr(f"error: {exc}")
         sys.exit(next((c for t, c in EXIT_CODES.items() if isinstance(exc, t)), 1))
     except LookupError as exc:
-        click.echo(f"error: {exc.args[0] if exc.args else exc}", err=True)
+        _stderr(f"error: {exc.args[0] if exc.args else exc}")
         sys.exit(1)
 
 
@@ -93,23 +164,24 @@ def _settings() -> Settings:
     try:
         settings = Settings.from_env()
     except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
+        _stderr(f"error: {exc}")
         sys.exit(2)
     ctx = click.get_current_context(silent=True)
     if ctx is not None and ctx.find_root().params.get("no_embedded"):
         settings = dataclasses.replace(settings, embedded=False)
     if settings.database_url is None and not settings.embedded:
-        click.echo(f"error: {embedded_refusal()}", err=True)
+        _stderr(f"error: {embedded_refusal()}")
         sys.exit(2)
     return settings
 
 
 async def _open_store(settings: Settings, max_size: int = 4,
-                      application_name: str = "vidpoll") -> PgStore:
+                      application_name: str = "vidpoll", serves: Serves | None = None
+                      ) -> PgStore:
     url = resolve_database_url(settings.database_url, settings.home,
                                embedded=settings.embedded)
     return await PgStore.open(url, max_size=max_size, prepare=settings.prepared_statements,
-                              application_name=application_name)
+                              application_name=application_name, serves=serves)
 
 
 def _on_store(use: Callable[[PgStore], Awaitable[T]]) -> T:
@@ -126,7 +198,9 @@ def _on_store(use: Callable[[PgStore], Awaitable[T]]) -> T:
     return _run(go())
 
 
-@click.group()
+@click.group(cls=_Main)
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_version, help="Print vidpoll's version and exit.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--log-format", default="text", show_default=True, envvar="VIDPOLL_LOG_FORMAT",
@@ -143,7 +217,7 @@ def main(log_level: str, log_format: str, no_embedded: bool) -> None:
     command that does says so on stderr; VIDPOLL_EMBEDDED=off or --no-embedded refuses it).
     """
     logs.setup(log_level, log_format)
-    set_embedded_notice(lambda line: click.echo(line, err=True))
+    set_embedded_notice(lambda line: _stderr(line))
 
 
 @main.command("migrate")
@@ -238,15 +312,15 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
         raise click.UsageError("--poll-only and --submit-only exclude each other")
     settings = _settings()
     try:
-        hooks = {spec: load_hook(spec) for spec in hook_specs}
+        hooks = {spec: _load_hook(spec) for spec in hook_specs}
         if download_dir is not None:
             Downloader(download_dir).check_directory()
     except (ConfigError, DiskError) as exc:
-        click.echo(f"error: {exc}", err=True)
+        _stderr(f"error: {exc}")
         sys.exit(2)
     if (hooks or download_dir) and not fetch_results:
-        click.echo("warning: --no-fetch-results: completed jobs' downloads and hooks wait "
-                   "until another worker fetches their result", err=True)
+        _stderr("warning: --no-fetch-results: completed jobs' downloads and hooks wait "
+                   "until another worker fetches their result")
     settings = dataclasses.replace(
         settings,
         status_rates=_override(settings.status_rates, status_rate_per_min, settings),
@@ -256,7 +330,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
     try:
         keys = {a: settings.require_api_key(a) for a in served}
     except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
+        _stderr(f"error: {exc}")
         sys.exit(2)
     lease_s = lease_seconds or settings.http_timeout_s + DEFAULT_LEASE_MARGIN_S
     worker_id = default_worker_id()
@@ -276,7 +350,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
             vacuum_every_rows=vacuum_every, read_timeout_s=settings.http_timeout_s,
             shutdown_timeout_s=shutdown_timeout)
     except ConfigError as exc:
-        click.echo(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)", err=True)
+        _stderr(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)")
         sys.exit(2)
     submit_config: SubmitterConfig | None = None
     if not poll_only:
@@ -289,13 +363,23 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                 policy=settings.policy, worker_id=worker_id, accounts=served,
                 budgets=settings.budgets("create", served), shutdown_timeout_s=shutdown_timeout)
         except ConfigError as exc:
-            click.echo(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)", err=True)
+            _stderr(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)")
             sys.exit(2)
 
+    serves = Serves(("" if submit_only else POLLS) + ("" if poll_only else SUBMITS), served)
+
     async def go() -> None:
-        store = await _open_store(settings, pool_size, f"vidpoll {worker_id}")
+        store = await _open_store(settings, pool_size, f"vidpoll {worker_id}", serves)
         try:
             async with contextlib.AsyncExitStack() as stack:
+                if metrics_port is not None:  # first: a port in use stops it before any work
+                    from vidpoll.web import metrics_app, start_server
+
+                    server, url = await _listening(
+                        start_server(metrics_app(store), metrics_host, metrics_port),
+                        metrics_host, metrics_port, "--metrics-port")
+                    stack.push_async_callback(server.cleanup)
+                    log.info("metrics on %s/metrics", url)
                 clients = {a: await stack.enter_async_context(SumeClient(
                     settings.sume_base_url, key, timeout_s=settings.http_timeout_s,
                     max_connections=concurrency + submit_concurrency))
@@ -320,26 +404,105 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                 runners: list[Worker | Submitter | Deliverer] = [*parts]
                 if deliverer is not None:
                     runners.append(deliverer)
+                stopping = _Stopping(runners, ClaimMode(claim_mode), lease_s)
                 for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.add_signal_handler(sig, lambda: [r.stop() for r in runners])
+                    loop.add_signal_handler(sig, stopping.signalled, sig)
 
                 async def produce() -> None:
                     await asyncio.gather(*(p.run() for p in parts))
                     if deliverer is not None:
                         deliverer.producers_finished()
 
-                if metrics_port is not None:
-                    from vidpoll.web import metrics_app, start_server
-
-                    server, url = await start_server(metrics_app(store), metrics_host,
-                                                     metrics_port)
-                    stack.push_async_callback(server.cleanup)
-                    log.info("metrics on %s/metrics", url)
                 await asyncio.gather(produce(), *([deliverer.run()] if deliverer else []))
         finally:
             await store.close()
 
     _run(go())
+
+
+def _load_hook(spec: str) -> Any:
+    """load_hook, with an error raised while importing the user's module as one line too."""
+    try:
+        return load_hook(spec)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        module = spec.partition(":")[0]
+        raise ConfigError(f"importing {module!r} for --on-terminal raised "
+                          f"{type(exc).__name__}: {exc} (`python -c 'import {module}'` shows "
+                          "where)") from None
+
+
+class _Stopping:
+    """A worker process's SIGTERM/SIGINT: the first stops claiming and lets work in flight
+    finish within --shutdown-timeout; a second one stops the process at once, saying what
+    is left to the leases (exit 128 + the signal: 130 for a second Ctrl-C)."""
+
+    def __init__(self, runners: list[Worker | Submitter | Deliverer], mode: ClaimMode,
+                 lease_s: float) -> None:
+        self.runners = runners
+        self.mode = mode
+        self.lease_s = lease_s
+        self.asked = False
+
+    def signalled(self, sig: int) -> None:
+        if not self.asked:
+            self.asked = True
+            log.info("stopping: what is in flight may finish (--shutdown-timeout); a second "
+                     "signal stops at once, leaving it to its leases")
+            for r in self.runners:
+                r.stop()
+            return
+        log.warning("%s", self.left())
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        sys.stderr.flush()
+        os._exit(128 + sig)  # at once: nothing may wait, not even a hung statement
+
+    def left(self) -> str:
+        """What a stop at once leaves to the leases, as one line."""
+        reads = posts = deliveries = 0
+        for r in self.runners:
+            if isinstance(r, Worker):
+                # claimed and not read yet (prefetched) holds a lease like a read in flight
+                reads += r.in_flight() + len(getattr(r, "_ready", ()))
+            elif isinstance(r, Submitter):
+                posts += r.in_flight()
+            else:
+                deliveries += r.in_flight()
+        said = "stopped at once (second signal)"
+        if self.mode is ClaimMode.LOCK and reads:
+            # lock mode holds row locks, not leases: they end with the connection
+            said += (f": {_n(reads, 'read')} in flight released with this process's row "
+                     "locks, due again now")
+            reads = 0
+        leased = [_n(reads, "read"), _n(posts, "POST") + " (sent again with the same key)",
+                  _n(deliveries, "delivery", "deliveries")]
+        leased = [what for what, n in zip(leased, (reads, posts, deliveries), strict=True) if n]
+        if leased:
+            said += (f"; left to their leases: {', '.join(leased)}; each is due again when "
+                     f"its lease ends (within {self.lease_s:g}s)")
+        elif said.endswith("(second signal)"):
+            said += ": nothing was in flight"
+        return said.replace("(second signal); ", "(second signal): ", 1)
+
+
+def _n(count: int, one: str, many: str | None = None) -> str:
+    return f"{count} {one if count == 1 else many or one + 's'}"
+
+
+async def _listening(start: Awaitable[T], host: str, port: int, flag: str) -> T:
+    """Await a server's start; a port that cannot be had is a setting to fix (exit 2)."""
+    try:
+        return await start
+    except OSError as exc:
+        why = {errno.EADDRINUSE: "is already in use (another vidpoll serve, fake-sume or "
+                                 "worker --metrics-port?)",
+               errno.EACCES: "needs privileges this user lacks (a port below 1024?)",
+               errno.EADDRNOTAVAIL: "is not on an address of this machine"}.get(
+                   exc.errno or 0, f"cannot be listened on ({exc.strerror or exc})")
+        raise ConfigError(f"{host}:{port} {why}; choose another with {flag}") from None
 
 
 def _override(rates: Mapping[str, float], per_min: float | None,
@@ -352,7 +515,7 @@ def _override(rates: Mapping[str, float], per_min: float | None,
 
 @main.command("fake-sume")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8900, show_default=True, type=int)
+@click.option("--port", default=8900, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--api-key", default="sk-fake", show_default=True,
               help="Key the fake accepts ('' accepts any).")
 @click.option("--latency-ms", default=0.0, type=float, show_default=True)
@@ -419,12 +582,13 @@ def fake_sume_cmd(host: str, port: int, api_key: str, latency_ms: float, **opts:
                      **{k: v for k, v in _fake_opts(opts).items() if k in known})
 
     async def go() -> None:
-        runner, url = await start_fake(FakeSume(cfg), host, port)
-        click.echo(f"fake Sume listening on {url}", err=True)
+        runner, url = await _listening(start_fake(FakeSume(cfg), host, port), host, port,
+                                       "--port")
+        _stderr(f"fake Sume listening on {url}")
         await _until_signalled()
         await runner.cleanup()
 
-    asyncio.run(go())
+    _run(go())
 
 
 async def _until_signalled() -> None:
@@ -469,8 +633,8 @@ def jobs_resume(job_id: str) -> None:
     """Put a gave_up or not_found job back to polling now (a pending one: as poll-now)."""
     done = _on_store(lambda store: store.resume(job_id))
     if done is None:
-        click.echo(f"error: no job {job_id!r} in a resumable state "
-                   "(gave_up, not_found; a pending one is polled now)", err=True)
+        _stderr(f"error: no job {job_id!r} in a resumable state "
+                   "(gave_up, not_found; a pending one is polled now)")
         sys.exit(1)
     click.echo({"resumed": f"{job_id}: pending again with fresh counters, due now",
                 "made_due": f"{job_id}: still pending; made due now (as poll-now)",
@@ -501,7 +665,9 @@ def jobs_show(job_id: str, as_json: bool) -> None:
 
     shown = _on_store(collect)
     if shown is None:
-        click.echo(f"error: no job {job_id!r}", err=True)
+        hint = ("; that id is shortened: `vidpoll jobs list --json` has it whole"
+                if "…" in job_id else "")
+        _stderr(f"error: no job {job_id!r}{hint}")
         sys.exit(1)
     if as_json:
         click.echo(json.dumps(shown, default=_json_default, indent=2, sort_keys=True))
@@ -511,21 +677,58 @@ def jobs_show(job_id: str, as_json: bool) -> None:
     for name in ("job_id", "state", "provider_status", "account", "created_at", "finished_at",
                  "next_poll_at", "polls", "consecutive_errors", "errors_total",
                  "last_error_class", "last_http_status", "last_error", "last_request_id",
-                 "claimed_by", "result_state", "result_error", "idempotency_key"):
+                 "claimed_by", "idempotency_key"):
         if shown.get(name) is not None:
-            row.add_row(name, escape(str(_json_default(shown[name]))))
+            row.add_row(name, escape(_cell(shown[name])))
     if shown["archived"]:
-        row.add_row("archived_at", str(shown.get("archived_at")))
+        row.add_row("archived_at", escape(_cell(shown.get("archived_at"))))
     console.print(Panel(row, title=f"job {escape(job_id)}", expand=False))
-    if shown.get("result") is not None:
-        console.print(Panel(escape(json.dumps(shown["result"], indent=2)), title="result",
+    intent = shown["intent"]
+    if intent is not None:
+        grid = Table.grid(padding=(0, 2))
+        for name in ("key", "state", "account", "priority", "attempts", "created_at",
+                     "submitted_at", "error_code", "error_message", "resolution"):
+            if intent.get(name) is not None:
+                grid.add_row(name, escape(_cell(intent[name])))
+        grid.add_row("payload", escape(_compact(intent["payload"])))
+        console.print(Panel(grid, title="intent (the submission that started it)",
                             expand=False))
+    else:
+        console.print("intent: none (tracked with `jobs add`, or sent outside vidpoll)")
+    if shown.get("result_state") is not None or shown.get("result") is not None:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_row("state", escape(_cell(shown.get("result_state"))))
+        for name in ("result_fetched_at", "result_attempts", "result_error"):
+            if shown.get(name):
+                grid.add_row(name.removeprefix("result_"), escape(_cell(shown[name])))
+        if shown.get("result") is not None:
+            grid.add_row("media links", str(len(media_urls(shown["result"]))))
+            grid.add_row("body", escape(_compact(shown["result"], 600)))
+        console.print(Panel(grid, title="result (signed links without their query)",
+                            expand=False))
+    files = [f for d in shown["deliveries"] if d["consumer"] == DOWNLOAD
+             and isinstance(d.get("detail"), dict)
+             for f in d["detail"].get("files", []) if isinstance(f, dict)]
+    if files:
+        table = Table(title="downloaded files", title_justify="left")
+        for col, justify in (("path", "left"), ("bytes", "right"), ("sha256", "left")):
+            table.add_column(col, overflow="fold", justify=justify)  # type: ignore[arg-type]
+        for f in files:
+            table.add_row(escape(_cell(f.get("path"))), escape(_cell(f.get("size"))),
+                          escape(_cell(f.get("sha256")))[:16])
+        console.print(table)
     if shown["deliveries"]:
         console.print(_table("deliveries", shown["deliveries"],
                              ("consumer", "state", "attempts", "next_at", "last_error")))
     console.print(_table("history", shown["history"],
                          ("at", "kind", "from_state", "to_state", "error_class",
                           "http_status", "detail")))
+
+
+def _compact(value: Any, limit: int = 2000) -> str:
+    """A JSON value on one line (never a Python repr), cut at `limit` characters."""
+    text = json.dumps(value, default=_json_default, ensure_ascii=False, separators=(", ", ": "))
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _table(title: str, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> Table:
@@ -539,12 +742,18 @@ def _table(title: str, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> 
 
 
 def _cell(value: Any) -> str:
+    """A value as a person reads it: times to the second, JSON for dicts and lists, numbers
+    as numbers (never a Python repr)."""
     if value is None:
         return ""
     if isinstance(value, datetime):
         return value.strftime("%Y-%m-%d %H:%M:%S")
     if isinstance(value, float):
         return f"{value:.2f}"
+    if isinstance(value, Decimal):
+        return f"{value:f}"
+    if isinstance(value, dict | list | tuple):
+        return _compact(value, 400)
     return str(value)
 
 
@@ -554,21 +763,23 @@ def _cell(value: Any) -> str:
 def jobs_watch(job_id: str, timeout: float | None) -> None:
     """Block until a job is final (LISTEN/NOTIFY, with a re-read every 5 s); print its state.
 
-    Exit 0 if it ended with a video (completed, succeeded, ...), 7 if it ended otherwise, 8
-    on --timeout.
+    Says on stderr, within seconds, when no worker polling the job's account is connected
+    (and waits on). Exit 0 if it ended with a video (completed, succeeded, ...), 7 if it
+    ended otherwise, 8 on --timeout (the line names the job and its key).
     """
     settings = _settings()
 
-    async def go() -> str | None:
+    async def go() -> tuple[str | None, str | None]:
         async with await Vidpoll.open(settings=settings) as vp:
             try:
-                return (await vp.wait(job_id, timeout=timeout)).state
-            except TimeoutError:
-                return None
+                return (await vp.wait(job_id, timeout=timeout,
+                                      on_no_worker=_warn_line)).state, None
+            except TimeoutError as exc:
+                return None, str(exc)
 
-    final = _run(go())
+    final, timed_out = _run(go())
     if final is None:
-        click.echo(f"error: {job_id} is not final after {timeout:g}s; it goes on", err=True)
+        _stderr(f"error: {timed_out}")
         sys.exit(EXIT_WAIT_TIMEOUT)
     click.echo(final)
     if final not in SUCCESS_STATES:
@@ -620,10 +831,11 @@ def jobs_stats(minutes: int, as_json: bool) -> None:
               if k not in ("not_ready", "final")}
     click.echo(f"last {minutes} min: {stats['reads']} status reads ({stats['reads_per_s']:g}/s"
                f"), {stats['reads_by_outcome'].get('final', 0)} finished, errors by class: "
-               f"{errors or 'none'}; lateness mean "
+               f"{_counts(errors) or 'none'}; lateness mean "
                f"{stats['mean_lateness_s'] or 0:.2f}s, max {stats['max_lateness_s']:.2f}s")
     if stats["submissions_by_outcome"]:
-        click.echo(f"last {minutes} min submissions: {stats['submissions_by_outcome']}")
+        click.echo(f"last {minutes} min submissions: "
+                   f"{_counts(stats['submissions_by_outcome'])}")
     for row in stats["stuck_claims"]:
         click.echo(f"  stuck: {row['claimed_by']} holds {row['rows']} rows whose lease ended "
                    f"(claimed since {row['since']:%Y-%m-%d %H:%M:%S})")
@@ -644,31 +856,86 @@ def jobs_stats(minutes: int, as_json: bool) -> None:
 @jobs.command("list")
 @click.option("--state", type=click.Choice(["pending", "finished", "completed", "failed",
                                            "canceled", "expired", "gave_up", "not_found"]),
-              help="pending (in due order), finished or one final state (newest first); "
-                   "all by id when omitted.")
+              help="pending, finished, or one final state [default: every row].")
+@click.option("--order", type=click.Choice([*ORDERS, "due"]),
+              help="newest/oldest first by when each job was created (finished ones: by when "
+                   "they finished); due: pending rows soonest due first [default: due with "
+                   "--state pending, else newest].")
 @click.option("--account", help="Only this account's rows.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--after", "cursor", help="The cursor printed under the previous page.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object: rows and next cursor.")
-def jobs_list(state: str | None, account: str | None, limit: int, cursor: str | None,
-              as_json: bool) -> None:
-    """Rows a page at a time: pending ones in due order, finished ones newest first, all by
-    id. Paging is by cursor, so a deep page of a million rows is as fast as the first."""
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: rows (full job ids) and next cursor.")
+def jobs_list(state: str | None, order: str | None, account: str | None, limit: int,
+              cursor: str | None, as_json: bool) -> None:
+    """Rows a page at a time, newest first (or --order); ids shortened to fit the terminal
+    (--json has them whole). Paging is by cursor (--after), so
+    pages never skip or repeat a row."""
+    if order is None:
+        order = "due" if state == "pending" else "newest"
+    if order == "due" and state != "pending":
+        raise click.UsageError("--order due lists pending rows: add --state pending")
+    store_order = None if order == "due" else order
     try:
-        rows, next_cursor = _on_store(lambda store: store.list_jobs(state, account, limit,
-                                                                    cursor))
+        rows, next_cursor = _on_store(lambda store: store.list_jobs(
+            state, account, limit, cursor, store_order))
     except InvalidCursor as exc:
-        click.echo(f"error: {exc} (use the cursor printed under a page)", err=True)
+        _stderr(f"error: {exc} (use the cursor printed under a page)")
         sys.exit(EXIT_BAD_INPUT)
     if as_json:
         click.echo(json.dumps({"jobs": rows, "next": next_cursor}, default=_json_default))
         return
     console = Console(highlight=False)
-    console.print(_table(f"jobs ({state or 'all'})", rows, (
-        "job_id", "state", "account", "next_poll_at", "finished_at", "polls",
-        "consecutive_errors", "last_error_class", "claimed_by")))
+    table = Table(title=f"jobs ({state or 'all'}, {_ORDER_WORDS[order]})",
+                  title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  padding=(0, 1, 0, 0))  # with the box's divider: two spaces between columns
+    pending = state == "pending"
+    when = "due" if pending else "finished" if state is not None else "created"
+    # widths for 80 columns: 13 + 9 + 12 + 8 + 5 + 4, the last error the rest (14+)
+    for name, justify, width in (("job", "left", SHORT_ID_HEAD + 1 + SHORT_ID_TAIL),
+                                 ("state", "left", 9), ("account", "left", 12),
+                                 (when, "right", 8), ("polls", "right", 5),
+                                 ("errs", "right", 4), ("last error", "left", None)):
+        table.add_column(name, justify=justify, no_wrap=True,  # type: ignore[arg-type]
+                         overflow="ellipsis", min_width=width, max_width=width)
+    now = datetime.now(UTC)
+    for r in rows:
+        at = r["next_poll_at"] if pending else r["finished_at"] if state else r["created_at"]
+        errors = f"{r['consecutive_errors']}" if r["consecutive_errors"] else ""
+        table.add_row(escape(short_id(r["job_id"])), escape(r["state"]), escape(r["account"]),
+                      _since(at, now), str(r["polls"]), errors,
+                      escape(r["last_error_class"] or ""))
+    console.print(table)
+    if not rows:
+        click.echo("no jobs" + (" on this page" if cursor else ""))
     if next_cursor:
-        console.print(f"next page: --after {next_cursor}")
+        click.echo(f"next page: --after {next_cursor}")
+
+
+_ORDER_WORDS = {"newest": "newest first", "oldest": "oldest first", "due": "soonest due first"}
+SHORT_ID_HEAD, SHORT_ID_TAIL = 8, 4
+
+
+def short_id(job_id: str) -> str:
+    """A job id shortened for a table: its first 8 and last 4 characters (ids of 13 or fewer
+    characters whole). `jobs show` and --json take and give the whole id."""
+    if len(job_id) <= SHORT_ID_HEAD + SHORT_ID_TAIL + 1:
+        return job_id
+    return f"{job_id[:SHORT_ID_HEAD]}…{job_id[-SHORT_ID_TAIL:]}"
+
+
+def _since(at: datetime | None, now: datetime) -> str:
+    """A time as a table cell reads it: `12s ago`, `in 3m`, `2d ago` (--json has the time)."""
+    if at is None:
+        return ""
+    seconds = (now - at).total_seconds()
+    span = abs(seconds)
+    for unit, size, limit in (("s", 1, 90), ("m", 60, 90 * 60), ("h", 3600, 36 * 3600),
+                              ("d", 86400, float("inf"))):
+        if span < limit:
+            amount = f"{span / size:.0f}{unit}"
+            break
+    return f"{amount} ago" if seconds >= 0 else f"in {amount}"
 
 
 @jobs.command("poll-now")
@@ -677,8 +944,8 @@ def jobs_poll_now(job_id: str) -> None:
     """Make a pending job due now (a worker reads it within a second when listening)."""
     made_due = _on_store(lambda store: store.poll_now(job_id))
     if made_due is None:
-        click.echo(f"error: no pending job {job_id!r} (`vidpoll jobs resume` revives a "
-                   "gave_up / not_found one)", err=True)
+        _stderr(f"error: no pending job {job_id!r} (`vidpoll jobs resume` revives a "
+                   "gave_up / not_found one)")
         sys.exit(1)
     click.echo(f"{job_id}: due now" if made_due else
                f"{job_id}: being read right now; read again as soon as that read is recorded")
@@ -724,13 +991,13 @@ def jobs_prune(finished_before: str, batch: int, events_older_than: str | None,
     async def prune(store: PgStore) -> None:
         dropped = await store.unarchived_columns()
         if dropped:
-            click.echo(f"note: video_jobs has columns prune does not archive (not from "
+            _stderr(f"note: video_jobs has columns prune does not archive (not from "
                        f"vidpoll's migrations): {', '.join(dropped)}; their values go with "
-                       "the rows it moves", err=True)
+                       "the rows it moves")
         moved = 0
         while n := await store.prune_finished(before, batch):
             moved += n
-            click.echo(f"moved {moved} rows so far", err=True)
+            _stderr(f"moved {moved} rows so far")
         click.echo(f"moved {moved} rows finished before {before.isoformat()} to "
                    "video_jobs_archive")
         kept = await store.prune_kept(before)
@@ -746,7 +1013,7 @@ def jobs_prune(finished_before: str, batch: int, events_older_than: str | None,
             click.echo("history: kept for ever (--events-older-than off)")
         else:
             gone, old = await store.prune_job_events(
-                events_s, batch, lambda n: click.echo(f"deleted {n} events so far", err=True))
+                events_s, batch, lambda n: _stderr(f"deleted {n} events so far"))
             click.echo(f"deleted {gone} history events of jobs no longer in video_jobs, all "
                        f"older than {_duration(events_s)}"
                        + (f"; kept {old} as old: their jobs are still in video_jobs or have "
@@ -756,11 +1023,16 @@ def jobs_prune(finished_before: str, batch: int, events_older_than: str | None,
         else:
             gone = await store.prune_webhook_events(
                 webhooks_s, batch,
-                lambda n: click.echo(f"deleted {n} webhook events so far", err=True))
+                lambda n: _stderr(f"deleted {n} webhook events so far"))
             click.echo(f"deleted {gone} webhook events received over {_duration(webhooks_s)} "
                        "ago")
 
     _on_store(prune)
+
+
+def _counts(counts: Mapping[str, Any]) -> str:
+    """`server_error 3, timeout 1`: counts by name, biggest first (never a dict's repr)."""
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _duration(seconds: float) -> str:
@@ -777,13 +1049,16 @@ def _duration(seconds: float) -> str:
 @click.option("--json", "as_json", is_flag=True)
 def doctor_cmd(as_json: bool) -> None:
     """Check the schema, the claim query's plan, dead rows and bloat, autovacuum, the xmin
-    horizon, connections, listeners and stuck claims, and whether the database is the
-    embedded one; print what is wrong and the fix.
+    horizon, connections, listeners and stuck claims, whether the database is the embedded
+    one, and each account's base URL and key (one status read of a job id that cannot exist,
+    which only the provider's own "not found" answers right); print what is wrong and the fix.
     Exit 0 if nothing failed (warnings included), 1 otherwise."""
     settings = _settings()
     report = _on_store(lambda store: store.doctor())
     findings = diagnose(report, len(migrations()),
                         None if settings.database_url else settings.home / "pgdata")
+    findings += _run(check_providers(settings.sume_base_url, settings.account_keys,
+                                     settings.http_timeout_s))
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(f) for f in findings]))
     else:
@@ -849,7 +1124,7 @@ def deliveries_forget(consumer: str) -> None:
     delivery for it, and its undone deliveries are removed (done ones stay)."""
     gone, dropped = _on_store(lambda store: store.forget_consumer(consumer))
     if not gone:
-        click.echo(f"error: no consumer {consumer!r} (see `vidpoll deliveries list`)", err=True)
+        _stderr(f"error: no consumer {consumer!r} (see `vidpoll deliveries list`)")
         sys.exit(1)
     click.echo(f"forgot {consumer}; removed {dropped} undone deliveries")
 
@@ -878,7 +1153,8 @@ def _json_default(value: Any) -> Any:
 @click.option("--queue-only", is_flag=True,
               help="Only record the intent; let a running worker send it.")
 @click.option("--wait", "wait_", is_flag=True,
-              help="Block until the job is final; exit 0 if it made a video, 7 otherwise.")
+              help="Block until the job is final; exit 0 if it made a video, 7 otherwise. "
+                   "Says within seconds when no worker serves the account (and waits on).")
 @click.option("--timeout", type=click.FloatRange(0), help="With --wait: give up after S "
                                                           "seconds (exit 8); the job goes on.")
 @click.option("--max-active", type=click.IntRange(1, 1_000_000),
@@ -893,7 +1169,10 @@ def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, ke
     """Record a paid submission durably, then send it once right away.
 
     Prints the job id when Sume answered 202, or says the intent is queued and why (exit 0 in
-    both cases); a running `vidpoll worker` sends queued intents with the same key.
+    both cases); a running `vidpoll worker` sends queued intents with the same key. Exit 9
+    when Sume refused the configuration (the API key, or a base URL that does not answer as
+    Sume): the intent is kept, queued, and a worker sends it once that is fixed; 5 when Sume
+    rejected the request; 2 for a setting; 3 when PostgreSQL is unreachable.
     """
     settings = _settings()
     if bulk_file is not None:
@@ -909,39 +1188,49 @@ def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, ke
         try:
             settings.require_api_key(account)
         except ConfigError as exc:
-            click.echo(f"error: {exc} (or use --queue-only to let a worker send it)", err=True)
+            _stderr(f"error: {exc} (or use --queue-only to let a worker send it)")
             sys.exit(2)
 
-    async def go() -> tuple[Submission, str | None, bool]:
+    async def go() -> tuple[Submission, str | None, str | None]:
         async with await Vidpoll.open(settings=settings) as vp:
             sub = await vp.record(payload, key=key, priority=priority, account=account,
                                   explain=False)
             if sub.new:
                 # said at once: if anything fails from here on, this key is how to try again
-                click.echo(f"recorded intent {sub.key}", err=True)
+                _stderr(f"recorded intent {sub.key}")
                 if not queue_only:
                     sent = await vp.send(sub.key)
-                    sub = Submission(sent.intent, True, sent.reason)
+                    sub = Submission(sent.intent, True, sent.reason, sent.refused)
             sub = await vp.explained(sub)
             _report_submission(sub, as_json)
-            if not wait_:
-                return sub, None, False
-            click.echo("waiting for the job to end ...", err=True)
+            if not wait_ or sub.refused:
+                return sub, None, None
+            _stderr("waiting for the job to end ...")
             try:
-                job = await vp.wait(key=sub.key, timeout=timeout)
-            except TimeoutError:
-                return sub, None, True
-            return sub, job.state, False
+                job = await vp.wait(key=sub.key, timeout=timeout, on_no_worker=_warn_line)
+            except TimeoutError as exc:
+                return sub, None, str(exc)
+            return sub, job.state, None
 
-    _, final, timed_out = _run(go())
+    sub, final, timed_out = _run(go())
+    if sub.refused:
+        # the reason (printed above) says what to fix and how the kept intent gets sent
+        what = "API key" if sub.refused == "key" else "base URL (SUME_BASE_URL)"
+        _stderr(f"error: Sume refused the {what}; the intent under key {sub.key!r} is kept, "
+                "queued (exit 9)")
+        sys.exit(EXIT_PROVIDER_REFUSED)
     if timed_out:
-        click.echo(f"error: not final after {timeout:g}s; the job goes on, run `vidpoll submit "
-                   "--wait` with the same key to wait again", err=True)
+        _stderr(f"error: {timed_out}; `vidpoll submit --wait` with the same key and payload, "
+                "or `vidpoll jobs watch JOB_ID`, waits again")
         sys.exit(EXIT_WAIT_TIMEOUT)
     if final is not None:
         click.echo(final)
         if final not in SUCCESS_STATES:
             sys.exit(EXIT_NOT_COMPLETED)
+
+
+def _warn_line(line: str) -> None:
+    _stderr(f"warning: {line}")
 
 
 def _payload(prompt: str | None, params: tuple[str, ...], json_source: Any) -> dict[str, Any]:
@@ -970,11 +1259,11 @@ def _payload(prompt: str | None, params: tuple[str, ...], json_source: Any) -> d
 def _report_submission(sub: Submission, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"key": sub.key, "state": sub.state, "job_id": sub.job_id,
-                               "new": sub.new, "reason": sub.reason}))
+                               "new": sub.new, "reason": sub.reason, "refused": sub.refused}))
         return
     again = "" if sub.new else " (this key was already recorded)"
     if sub.job_id is not None:
-        click.echo(f"submitted{again}: key {sub.key}", err=True)
+        _stderr(f"submitted{again}: key {sub.key}")
         click.echo(sub.job_id)
     else:
         click.echo(f"{sub.state}{again}: key {sub.key}: {sub.reason}")
@@ -1022,9 +1311,9 @@ def _submit_file(settings: Settings, source: Any, prefix: str, priority: int,
                f"already recorded; {len(bad)} bad lines; {len(conflicts)} key conflicts. "
                "A running `vidpoll worker` sends them.")
     for line in bad[:20]:
-        click.echo(f"line {line.line_no}: {line.reason}", err=True)
+        _stderr(f"line {line.line_no}: {line.reason}")
     for clash_key in conflicts[:20]:
-        click.echo(f"key {clash_key!r} is already recorded with a different payload", err=True)
+        _stderr(f"key {clash_key!r} is already recorded with a different payload")
     if bad or conflicts:
         sys.exit(6)
 
@@ -1060,7 +1349,7 @@ def intents_show(key: str) -> None:
     """Print one intent (state, job id, attempts, Sume's error) as JSON."""
     intent = _on_store(lambda store: store.get_intent(key))
     if intent is None:
-        click.echo(f"error: no intent with key {key!r}", err=True)
+        _stderr(f"error: no intent with key {key!r}")
         sys.exit(1)
     click.echo(json.dumps(_intent_dict(intent), default=_json_default, indent=2,
                           sort_keys=True))
@@ -1100,7 +1389,7 @@ def intents_retry(keys: tuple[str, ...], all_rejected: bool, code: str | None) -
         click.echo(f"{k}: queued, due now")  # an `unknown` one stays unknown, due now
     missing = set(keys) - set(done)
     for k in sorted(missing):
-        click.echo(f"error: {k!r}: no rejected or idle queued intent with this key", err=True)
+        _stderr(f"error: {k!r}: no rejected or idle queued intent with this key")
     if missing or not done:
         sys.exit(1)
 
@@ -1133,15 +1422,15 @@ def intents_resolve(key: str, job_id: str | None, not_billed: bool) -> None:
             click.echo(f"{key}: rejected for good (resolved: not billed)")
         return
     if intent is None:
-        click.echo(f"error: no intent with key {key!r}", err=True)
+        _stderr(f"error: no intent with key {key!r}")
     elif intent.state == "submitted":
-        click.echo(f"error: {key!r} is already submitted (job {intent.job_id})", err=True)
+        _stderr(f"error: {key!r} is already submitted (job {intent.job_id})")
     elif job_id is not None:
-        click.echo(f"error: {key!r} ({intent.state}) not settled: it is being sent right now, "
-                   f"or job {job_id!r} is tracked under another key", err=True)
+        _stderr(f"error: {key!r} ({intent.state}) not settled: it is being sent right now, "
+                   f"or job {job_id!r} is tracked under another key")
     else:
-        click.echo(f"error: {key!r} ({intent.state}) not settled: it is being sent right now "
-                   "(try again in a few seconds), or it is not queued or unknown", err=True)
+        _stderr(f"error: {key!r} ({intent.state}) not settled: it is being sent right now "
+                   "(try again in a few seconds), or it is not queued or unknown")
     sys.exit(1)
 
 
@@ -1176,28 +1465,26 @@ def serve_cmd(host: str, port: int) -> None:
     settings = _settings()
     loopback = host in ("127.0.0.1", "localhost", "::1")
     if not loopback and not settings.dashboard_token:
-        click.echo(f"error: --host {host} exposes the dashboard beyond this machine; set "
-                   "VIDPOLL_DASHBOARD_TOKEN first", err=True)
+        _stderr(f"error: --host {host} exposes the dashboard beyond this machine; set "
+                   "VIDPOLL_DASHBOARD_TOKEN first")
         sys.exit(2)
     if settings.dashboard_token and len(settings.dashboard_token) < MIN_TOKEN_CHARS:
-        click.echo(f"error: VIDPOLL_DASHBOARD_TOKEN is shorter than {MIN_TOKEN_CHARS} "
+        _stderr(f"error: VIDPOLL_DASHBOARD_TOKEN is shorter than {MIN_TOKEN_CHARS} "
                    "characters; use a long random one (python -c 'import secrets; "
-                   "print(secrets.token_urlsafe(24))')", err=True)
+                   "print(secrets.token_urlsafe(24))')")
         sys.exit(2)
     if not settings.webhook_secret:
-        click.echo("warning: SUME_WEBHOOK_SECRET is not set; /webhooks/sume answers 503",
-                   err=True)
+        _stderr("warning: SUME_WEBHOOK_SECRET is not set; /webhooks/sume answers 503")
 
     async def go() -> None:
         store = await _open_store(settings)
         try:
-            runner, url = await start_server(
+            runner, url = await _listening(start_server(
                 make_app(store, settings.webhook_secret or None, settings.webhook_tolerance_s,
                          dashboard_token=settings.dashboard_token or None,
                          loopback_only=loopback and not settings.dashboard_token),
-                host, port)
-            click.echo(f"vidpoll serving on {url} (dashboard at /, metrics at /metrics)",
-                       err=True)
+                host, port), host, port, "--port")
+            _stderr(f"vidpoll serving on {url} (dashboard at /, metrics at /metrics)")
             await _until_signalled()
             await runner.cleanup()
         finally:
@@ -1210,8 +1497,15 @@ def serve_cmd(host: str, port: int) -> None:
 @click.option("--jobs", "n_jobs", default=40, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--workers", default=3, show_default=True, type=click.IntRange(1, 16))
 def demo_cmd(n_jobs: int, workers: int) -> None:
-    """Embedded Postgres + fake Sume: submit jobs, poll them to the end, show it live."""
+    """Embedded Postgres + fake Sume: submit jobs, poll them to the end, show it live.
+
+    Logs warnings and errors only, unless --log-level is given (`vidpoll --log-level info
+    demo`): the live view is the output."""
     from vidpoll.demo import run_demo
+
+    root = click.get_current_context().find_root()
+    if root.get_parameter_source("log_level") in (None, ParameterSource.DEFAULT):
+        logs.setup("WARNING", root.params.get("log_format") or "text")
 
     _run(run_demo(_settings(), n_jobs, workers))
 

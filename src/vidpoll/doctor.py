@@ -1,6 +1,8 @@
 """`vidpoll doctor`: what the database's own statistics say about vidpoll's tables, as findings
 with a fix each. Pure: `diagnose` reads the report `PgStore.doctor()` collects, no I/O.
 The last finding says which database it is: DATABASE_URL's, or the embedded one (a warning).
+`check_providers` adds one finding per account with an API key: one status read of a job id
+that cannot exist, which only the provider's own "not found" answers right (I/O, apart).
 
 The checks are the classic failures of Postgres queues: a claim query that stopped using its
 partial index, dead rows piling up (autovacuum off or held back), a bloated hot index, an old
@@ -10,10 +12,27 @@ connections running out, listeners missing or the NOTIFY queue filling up, claim
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import uuid
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from vidpoll.config import key_variable
+from vidpoll.media import redact_urls
+from vidpoll.models import HttpAnswer
+from vidpoll.policy import (
+    KEY_REFUSED,
+    MISROUTED,
+    NO_ANSWER,
+    PROVIDER,
+    body_kind,
+    parsed_json_object,
+    probe_verdict,
+    provider_error_code,
+)
+from vidpoll.sume import DEFAULT_STATUS_PATH, SumeClient
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -231,6 +250,59 @@ def _connections(c: dict[str, Any]) -> Iterator[Finding]:
         yield Finding("listeners", OK, f"{listeners} listening session(s), NOTIFY queue "
                       f"{usage:.0%} full" + ("" if listeners else "; workers with --no-listen "
                                             "or none running: wake-ups come from timers"))
+
+
+PROBE_PREFIX = "vidpoll-doctor-probe-"
+"""The job id doctor reads (with a random suffix): one that cannot exist."""
+BASE_URL_FIX = ("check SUME_BASE_URL: scheme, host and any path prefix the provider's API lives "
+                f"under (the status path {DEFAULT_STATUS_PATH} is appended to it), and any "
+                "proxy in between")
+
+
+async def check_providers(base_url: str, keys: Mapping[str, str],
+                          timeout_s: float = 15.0) -> list[Finding]:
+    """One finding per account with a key (`keys`: account -> API key), by account name: one
+    status read each of a job id that cannot exist, all at once. The keys are never shown."""
+    if not keys:
+        return [Finding("provider", OK, "not checked: no API key in this environment "
+                        "(SUME_API_KEY, SUME_API_KEY_<ACCOUNT>)")]
+
+    async def one(account: str, key: str) -> Finding:
+        job_id = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+        async with SumeClient(base_url, key, timeout_s=timeout_s, max_connections=1) as client:
+            answer = await client.read_status(job_id)
+            return provider_finding(account, client.shown_status_url(job_id), answer)
+
+    return list(await asyncio.gather(*(one(a, keys[a]) for a in sorted(keys))))
+
+
+def provider_finding(account: str, url: str, answer: HttpAnswer) -> Finding:
+    """What one probe read of `url` (scheme, host and path only) says about an account's base
+    URL and key."""
+    check = f"provider: {account}"
+    verdict = probe_verdict(answer)
+    status = answer.status
+    code = provider_error_code(answer.body)
+    said = f"HTTP {status}" + (f" {code}" if code else "")
+    if verdict == PROVIDER:
+        return Finding(check, OK, f"{url} answered in the provider's own words ({said}) for a "
+                       "job id that cannot exist: base URL and key are right")
+    if verdict == KEY_REFUSED:
+        return Finding(check, FAIL, f"the provider refused the API key of account {account!r} "
+                       f"({said}) at {url}", f"check {key_variable(account)} (if the key is "
+                       "right and no error code is shown, a proxy may refuse instead: "
+                       "check SUME_BASE_URL)")
+    if verdict == MISROUTED:
+        kind = body_kind(answer.body, parsed_json_object(answer.body))
+        return Finding(check, FAIL, f"base URL looks wrong: {url} answered HTTP {status} "
+                       f"({kind}), not the provider's error envelope", BASE_URL_FIX)
+    if verdict == NO_ANSWER:
+        return Finding(check, FAIL, f"base URL looks wrong: {url} gave no answer "
+                       f"({answer.transport_error}: {redact_urls(answer.detail)})",
+                       BASE_URL_FIX + "; or the network, a firewall, or the provider is down")
+    return Finding(check, WARN, f"{url} answered {said}, which does not tell whether base URL "
+                   "and key are right (a gateway error, or a pause asked for)",
+                   "run `vidpoll doctor` again in a minute")
 
 
 def _age(seconds: float | None) -> str:

@@ -9,7 +9,9 @@ invalid request or a reused key, and a cap on renders running at once; optionall
 providers may: limits and credits checked before the Idempotency-Key lookup, keys that expire,
 and creates that go on (and bill) after the client disconnected. Status answers come
 in the seed's bare shape or in the enveloped shapes Sume's CLI reads (no `terminal` flag, any
-letter case, other words), per fake or per job. Tests can script the
+letter case, other words), per fake or per job. Something else can answer in Sume's place
+(`front_answer`: a proxy's error page), and requests to paths no route takes (a wrong base
+URL) are counted. Tests can script the
 exact answers one job (or one key's POSTs) gives, and read counters (reads per job, overlapping
 reads, POSTs and clips billed per key, overlapping POSTs of one key, peak renders running).
 """
@@ -125,6 +127,10 @@ class FakeConfig:
     """Throttle media streaming (kill -9 mid-download tests)."""
     media_ranges: bool = True
     """Answer Range requests with 206 (a CDN that ignores them answers 200 with everything)."""
+    front_answer: dict[str, Any] | None = None
+    """What something in Sume's place answers to every request (a proxy's error page, another
+    service behind a wrong base URL): {"http": code, "raw": text, "content_type": type,
+    "headers": {...}}; None: Sume answers. Counted in `front_answers`."""
     seed: int | None = None
 
 
@@ -200,6 +206,11 @@ class FakeSume:
         """(job id, HTTP status, Range header, Authorization header) of every media GET."""
         self.faults: Counter[str] = Counter()
         """Faults injected by the configured rates, by class (chaos runs report them)."""
+        self.front_answers = 0
+        """Requests answered by `front_answer` instead of Sume."""
+        self.unrouted: Counter[str] = Counter()
+        """Requests by path that matched none of Sume's routes (a wrong base URL's path
+        prefix): answered with aiohttp's own plain-text "404: Not Found", not the envelope."""
 
     # -- test helpers -------------------------------------------------------------------
     def add_job(self, job_id: str | None = None, *, outcome: str | None = None,
@@ -271,7 +282,7 @@ class FakeSume:
     # -- HTTP -----------------------------------------------------------------------------
     def app(self) -> web.Application:
         """The aiohttp application serving the fake."""
-        app = web.Application()
+        app = web.Application(middlewares=[self._front])
         # [^/]+: aiohttp's default pattern leaves out braces, and a job id may hold any
         # character (it arrives percent-encoded as one segment)
         any_id = "{job_id:[^/]+}"
@@ -282,6 +293,23 @@ class FakeSume:
         app.router.add_get("/_fake/stats", self.stats_view)
         app.router.add_post("/_fake/config", self.config_view)
         return app
+
+    @web.middleware
+    async def _front(self, request: web.Request,
+                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                     ) -> web.StreamResponse:
+        """Answer in Sume's place when `front_answer` says so; count requests no route takes."""
+        step = self.config.front_answer
+        if step is not None and not request.path.startswith("/_fake/"):
+            self.front_answers += 1
+            code = int(step.get("http", 404))
+            self.answers[code] += 1
+            return web.Response(status=code, text=str(step.get("raw", "")),
+                                content_type=step.get("content_type", "text/plain"),
+                                headers=step.get("headers"))
+        if getattr(request.match_info, "http_exception", None) is not None:
+            self.unrouted[request.path] += 1
+        return await handler(request)
 
     def _error(self, status: int, code: str, message: str,
                headers: dict[str, str] | None = None) -> web.Response:

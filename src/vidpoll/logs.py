@@ -29,6 +29,8 @@ SECRET_VARIABLES = ("SUME_WEBHOOK_SECRET", "VIDPOLL_DASHBOARD_TOKEN", "PGPASSWOR
 """Besides SUME_API_KEY, SUME_API_KEY_<ACCOUNT> and the password in DATABASE_URL."""
 _CONNINFO_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
 _BEARER = re.compile(r"(?i)(bearer\s+)[^\s'\",]+")
+_LOOSE_URL_PASSWORD = re.compile(r"^[a-z][a-z0-9+.-]*://[^:@/\s]*:(.*)@[^@]*$", re.I)
+_LOOSE_PASSWORD = re.compile(r"^[^:@/\s]*:(.*)@[^@]*$")
 
 
 def event(**fields: Any) -> dict[str, Any]:
@@ -50,19 +52,29 @@ def database_passwords(url: str) -> list[str]:
     """The password in a libpq URL or conninfo string, as written and decoded (an error may
     quote either)."""
     url = url.strip()
+    found: set[str] = set()
     if "://" in url:
         try:
             password = urlsplit(url).password
         except ValueError:
-            return []
-        return [] if not password else sorted({password, unquote(password)})
+            password = None
+        if password:
+            found.add(password)
     match = _CONNINFO_PASSWORD.search(url)
-    if not match:
-        return []
-    value = match.group(1)
-    if value.startswith("'"):
-        value = re.sub(r"\\(.)", r"\1", value[1:-1])
-    return [value]
+    if match:
+        value = match.group(1)
+        if value.startswith("'"):
+            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        found.add(value)
+    # malformed forms still carry one: `postgres:PW@host/db` (no //), `u:PW@host`, a URL
+    # urlsplit refuses (`postgresql://u:PW@[::1/db`): whatever sits between the first ':'
+    # of the authority and its last '@'
+    loose = (_LOOSE_URL_PASSWORD.match(url) if "://" in url and not found
+             else None if "://" in url or "=" in url else _LOOSE_PASSWORD.match(url))
+    if loose and loose.group(1):
+        found.add(loose.group(1))
+    found |= {unquote(p) for p in found}
+    return sorted(p for p in found if p)
 
 
 class Redactor:
@@ -131,9 +143,32 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
             if getattr(record, f"vp_{k}", None) is not None}
 
 
+_console: dict[str, Any] = {"json": False, "redact": Redactor([])}
+SAY_MIN_SECRET = 8
+"""say() redacts the secrets of this process that are at least this long."""
+
+
+def say(level: str, message: str, logger: str = "vidpoll") -> str:
+    """One line for stderr, as a command tells its user something, in the log's format: as
+    text `error: ...`, `warning: ...`, `note: ...` or (info) the message alone; in json an
+    object like every log line. Always one line, redacted like the log."""
+    text = " ".join(str(message).split())
+    redact: Redactor = _console["redact"]
+    if not _console["json"]:
+        return redact(text if level == "info" else f"{level}: {text}")
+    return json.dumps({"ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                       "level": "info" if level == "note" else level, "logger": logger,
+                       "msg": redact(text)},
+                      ensure_ascii=False)
+
+
 def setup(level: str, fmt: str, secrets: Iterable[str] | None = None) -> None:
     """Route every log line of the process to stderr through one redacting formatter."""
     redactor = Redactor(secrets_from_env() if secrets is None else secrets)
+    # a command's own lines never quote a secret on purpose; a short one (a dashboard token
+    # refused as too short) would only blank out ordinary words ("<redacted>er than 16")
+    _console.update(json=fmt == "json",
+                    redact=Redactor(s for s in redactor.secrets if len(s) >= SAY_MIN_SECRET))
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter(redactor) if fmt == "json" else TextFormatter(redactor))
     root = logging.getLogger()

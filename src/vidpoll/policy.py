@@ -82,6 +82,21 @@ class AuthPause:
     detail: str
 
 
+@dataclass(frozen=True, slots=True)
+class Misrouted(AuthPause):
+    """A status read answered by something other than the provider: a 4xx without its error
+    envelope (a wrong base URL's path, a proxy's or a framework's error page). A setting is
+    wrong, not the job: the account pauses as for a refused key (the row untouched, never
+    counted toward not_found) until a probe reaches the provider again.
+
+    `row_outcome` is what the row gets instead when the provider is known to answer the
+    account's other reads (a proxy that refuses this one row's URL): an error with backoff,
+    never `not_found`.
+    """
+
+    row_outcome: Outcome
+
+
 def validate_job_id(job_id: str) -> str:
     """Return `job_id` unchanged if PostgreSQL can store it and a URL carry it; else raise
     InvalidJobId (empty, NUL, lone surrogate, over 1024 bytes in UTF-8).
@@ -358,6 +373,11 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
         err = (body or {}).get("error")
         code = err.get("code") if isinstance(err, dict) else None
         return AuthPause(0.0, status, f"HTTP {status}" + (f": {code}" if code else ""))
+    if is_misrouted(status, body):
+        # not the provider's "no such job" (nor any of its answers): never counted as one
+        return Misrouted(0.0, status, f"HTTP {status} ({body_kind(answer.body, body)})",
+                         row_outcome=error(ErrorClass.CLIENT_ERROR, f"HTTP {status} (not the "
+                                           "provider's error answer)"))
     if status == 404:
         tries = job.not_found_count + 1
         gone = tries >= policy.not_found_max_tries or (
@@ -399,6 +419,71 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
                    next_poll_delay(read.next_poll_after, policy), read_ok=True,
                    http_status=status, provider_status=provider_status, body=body,
                    request_id=request_id, account=job.account)
+
+
+RETRYABLE_READ_4XX = frozenset({408, 425, 429})
+"""4xx status-read answers that say "not now" whoever sends them (a proxy's timeout, too early,
+too many requests): retried with backoff like before, never taken for a wrong URL."""
+
+
+def is_misrouted(status: int, body: dict[str, Any] | None) -> bool:
+    """Whether a status-read answer is a 4xx the provider did not send: no error envelope
+    (`{"error": {"code": ...}}`), and not a key refusal (401/403) nor a "not now"
+    (RETRYABLE_READ_4XX). `body` is the parsed JSON object, None if it is not one."""
+    return (400 <= status < 500 and status not in (401, 403)
+            and status not in RETRYABLE_READ_4XX and _envelope(body)[0] is None)
+
+
+def body_kind(raw: bytes, body: dict[str, Any] | None) -> str:
+    """What an error answer's body is, in a few words (its text is never shown: a proxy's page
+    can be long, and may quote the request)."""
+    text = raw.lstrip()[:64].lower()
+    if not text:
+        return "an empty body"
+    if body is not None or text[:1] in (b"{", b"["):
+        return "JSON without an error envelope"
+    if text.startswith((b"<!doctype html", b"<html", b"<head", b"<body", b"<title", b"<h1")):
+        return "an HTML page"
+    if text.startswith(b"<"):
+        return "XML or HTML"
+    return "plain text"
+
+
+PROVIDER, KEY_REFUSED, MISROUTED, NO_ANSWER, UNSURE = (
+    "provider", "key_refused", "misrouted", "no_answer", "unsure")
+"""What a probe (a status read of a job id that cannot exist) says about the URL and the key:
+the provider answered in its own words (both right; a 2xx JSON object, or any status with its
+error envelope: its "not found" is the expected answer); it refused the key (401/403); an
+answer that is not the provider's (1xx/3xx/4xx without envelope, a 2xx that is no JSON
+object: the base URL looks wrong); no answer at all (connection refused, timeout); or an answer
+that cannot tell (a 5xx or a "not now" 4xx without envelope, from a gateway perhaps)."""
+
+
+def parsed_json_object(raw: bytes) -> dict[str, Any] | None:
+    """`raw` as a storable JSON object, else None (the parse every rule here uses)."""
+    return _json_object(raw)
+
+
+def provider_error_code(raw: bytes) -> str | None:
+    """The error code of the provider's envelope in `raw`, None if it is not one."""
+    return _envelope(_json_object(raw))[0]
+
+
+def probe_verdict(answer: HttpAnswer) -> str:
+    """Classify one probe answer: PROVIDER, KEY_REFUSED, MISROUTED, NO_ANSWER or UNSURE."""
+    if answer.transport_error is not None or answer.status is None:
+        return NO_ANSWER
+    status = answer.status
+    if status in (401, 403):
+        return KEY_REFUSED
+    body = _json_object(answer.body)
+    if _envelope(body)[0] is not None:
+        return PROVIDER
+    if 200 <= status < 300:
+        return PROVIDER if body is not None else MISROUTED
+    if status >= 500 or status in RETRYABLE_READ_4XX:
+        return UNSURE
+    return MISROUTED
 
 
 def auth_pause_delay(failures: int, policy: PollPolicy, rng: random.Random) -> float:

@@ -129,6 +129,10 @@ class Runner:
         self._stopping.set()
         self._wake.set()
 
+    def in_flight(self) -> int:
+        """Work this loop has under way right now (reads, POSTs or deliveries)."""
+        return self._inflight
+
     async def _finish_tasks(self, timeout_s: float | None) -> int:
         """Wait for the tasks in flight; those still running `shutdown_reserve_s` before
         `timeout_s` after stop() are cancelled (each hands its work back as it ends).
@@ -197,9 +201,12 @@ class Runner:
         failures = self._auth_failures[account] = self._auth_failures.get(account, 0) + 1
         delay = auth_pause_delay(failures, self._policy, self._rng)
         self._paused_until[account] = now + delay
-        log.error("Sume rejected the API key of account %r (HTTP %d: %s); its %s paused for "
-                  "%.0fs, nothing touched. Check %s.", account, pause.http_status, pause.detail,
-                  doing, delay, key_variable(account))
+        # the pause's detail already starts "HTTP 401..." (policy): never "HTTP 401: HTTP 401"
+        detail = (pause.detail if pause.detail.startswith(f"HTTP {pause.http_status}")
+                  else f"HTTP {pause.http_status}: {pause.detail}")
+        log.error("Sume rejected the API key of account %r (%s); its %s paused for %.0fs, "
+                  "nothing touched. Check %s.", account, detail, doing, delay,
+                  key_variable(account))
         return True
 
     def _key_accepted(self, account: str, doing: str) -> None:

@@ -51,15 +51,15 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql as pgsql
 
-from vidpoll.errors import DatabaseUnavailable, SchemaError
+from vidpoll.errors import ConfigError, DatabaseUnavailable, SchemaError
 from vidpoll.sql import QUERIES, migrations
 
 log = logging.getLogger(__name__)
 SLOW_STEP_S = 1.0
 """A step that takes this long is logged at INFO (quicker ones at DEBUG)."""
 
-__all__ = ["Migration", "Step", "level_of_each", "migrate", "parse_migration", "redact_url",
-           "refusal", "shipped_migrations"]
+__all__ = ["Migration", "Step", "check_database_url", "connect_refusal", "level_of_each",
+           "migrate", "parse_migration", "redact_url", "refusal", "shipped_migrations"]
 
 LOCK_TIMEOUT_S = 0.5
 """How long one step waits for a lock before it gives up, rolls back and tries again. While it
@@ -93,6 +93,82 @@ def redact_url(url: str) -> str:
         return "<unparseable DATABASE_URL>"
     info.pop("password", None)
     return " ".join(f"{k}={v}" for k, v in info.items())
+
+
+_URL_FORMS = ("a URL (postgresql:// then USER:PASSWORD@HOST:5432/DBNAME) or key=value pairs "
+              "('host=... port=5432 dbname=... user=...')")
+_CHOICES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby",
+                             "prefer-standby"),
+    "load_balance_hosts": ("disable", "random"),
+    "sslnegotiation": ("postgres", "direct"),
+}
+_INTEGERS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+             "keepalives_count", "tcp_user_timeout")
+_QUOTED = re.compile(r'"([^"]*)"')
+_BAD_OPTION = re.compile(r"invalid (?:[\w ]+ value|integer value|port number)")
+
+
+def _keywords() -> frozenset[str]:
+    try:
+        return frozenset(d.keyword.decode() for d in psycopg.pq.Conninfo.get_defaults())
+    except Exception:  # a libpq without it: every quoted part is hidden
+        return frozenset()
+
+
+def _without_quoted(text: str) -> str:
+    """libpq's message with every quoted part hidden but option names: it quotes the text it
+    could not parse, which may hold the password."""
+    keywords = _keywords()
+    return _QUOTED.sub(lambda m: m.group(0) if m.group(1) in keywords or len(m.group(1)) < 2
+                       else '"…"', text.strip().splitlines()[0] if text.strip() else "")
+
+
+def check_database_url(url: str) -> dict[str, str]:
+    """The options of a libpq URL or key=value string, or a ConfigError saying what is wrong
+    with it without quoting it (it may hold a password): unparseable, a port that is not a
+    number from 1 to 65535, an option whose value libpq would refuse at connect time."""
+    if not url.strip():
+        raise ConfigError(f"the database URL (DATABASE_URL) is empty; expected {_URL_FORMS}")
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        hint = ""
+        if "://" not in url and "=" not in url:
+            hint = " (postgresql:// or postgres:// is missing at its start)"
+        # libpq quotes what it could not parse: hidden, it may be the password
+        raise ConfigError(
+            f"the database URL (DATABASE_URL) is malformed{hint}: "
+            f"{_without_quoted(str(exc))}; expected {_URL_FORMS} (not shown: it may hold a "
+            "password)") from None
+    for port in str(info.get("port") or "").split(","):
+        if port.strip() and not (port.strip().isdigit() and 1 <= int(port) <= 65535):
+            raise ConfigError("the database URL (DATABASE_URL) has a port that is not a number "
+                              "from 1 to 65535 (not shown: it may hold a password)")
+    for name, allowed in _CHOICES.items():
+        value = info.get(name)
+        if value is not None and value not in allowed:
+            raise ConfigError(f"the database URL (DATABASE_URL) has {name}={value!r}; it must "
+                              f"be one of {', '.join(allowed)}")
+    for name in _INTEGERS:
+        value = info.get(name)
+        if value is not None and not re.fullmatch(r"\s*-?\d+\s*", str(value)):
+            raise ConfigError(f"the database URL (DATABASE_URL) has {name}={value!r}; it must "
+                              "be a whole number")
+    return {k: str(v) for k, v in info.items()}
+
+
+def connect_refusal(exc: BaseException) -> ConfigError | None:
+    """A ConfigError if libpq refused to connect because of an option's value (a setting to
+    fix, not an outage), else None."""
+    text = str(exc)
+    if not _BAD_OPTION.search(text):
+        return None
+    return ConfigError(f"the database URL (DATABASE_URL) has an option libpq refuses: "
+                       f"{_without_quoted(text.removeprefix('connection is bad: '))}")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -256,10 +332,14 @@ async def migrate(url: str, timeout_s: float = 10.0, *, lock_timeout_s: float = 
     """
     found = list(found) if found is not None else shipped_migrations()
     levels = level_of_each(found)
+    check_database_url(url)
     try:
         conn = await psycopg.AsyncConnection.connect(
             url, connect_timeout=max(1, int(timeout_s)), autocommit=True)
     except psycopg.OperationalError as exc:
+        refused = connect_refusal(exc)
+        if refused is not None:
+            raise refused from None
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {redact_url(url)}: {_first_line(exc)}") from exc
     runner = _Runner(conn, lock_timeout_s, batch_rows, patience_s)

@@ -7,13 +7,14 @@ import base64
 import contextlib
 import json
 import logging
+import re
 import select
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, LiteralString, cast
 
 import psycopg
@@ -54,7 +55,7 @@ from vidpoll.policy import (
     validate_key,
     validate_payload,
 )
-from vidpoll.schema import _first_line, redact_url, refusal
+from vidpoll.schema import _first_line, check_database_url, connect_refusal, redact_url, refusal
 from vidpoll.schema import migrate as migrate  # re-exported: callers import it from here
 from vidpoll.sql import QUERIES, migrations
 
@@ -93,6 +94,7 @@ PRUNE_KEPT_REASONS = {
 
 def create_database_if_missing(admin_url: str, database: str) -> None:
     """CREATE DATABASE `database` on the server of `admin_url` unless it exists."""
+    check_database_url(admin_url)
     try:
         with psycopg.connect(admin_url, autocommit=True) as conn:
             exists = conn.execute(_q("database_exists"), {"name": database}).fetchone()
@@ -134,12 +136,65 @@ def _job_view(row: dict[str, Any], state: str, files: Any) -> Job:
                            for f in listed))
 
 
+APP_NAME_MAX_BYTES = 63
+"""PostgreSQL keeps this much of an application_name (NAMEDATALEN - 1)."""
+POLLS, SUBMITS = "p", "s"
+"""What a worker does for its accounts, as presence_name spells it: reads jobs, sends intents."""
+_PRESENCE = re.compile(r"^vidpoll (\S+) serves ([ps]+):([a-z0-9_,]+);$")
+
+
+@dataclass(frozen=True)
+class Serves:
+    """What one worker process does (POLLS, SUBMITS or both) for which accounts."""
+
+    roles: str
+    accounts: tuple[str, ...]
+
+
+def _app_name(name: str) -> str:
+    return name.encode()[:APP_NAME_MAX_BYTES].decode(errors="ignore")
+
+
+def presence_name(application_name: str, serves: Serves) -> str:
+    """The application_name of a worker's LISTEN connection: `vidpoll <worker id> serves
+    ps:default,acme;` (p: polls, s: sends intents). If it does not fit in 63 bytes, the plain
+    name: the worker is then taken as serving every account (never a false "no worker")."""
+    full = f"{application_name} serves {serves.roles}:{','.join(sorted(serves.accounts))};"
+    return full if len(full.encode()) <= APP_NAME_MAX_BYTES else _app_name(application_name)
+
+
+def names_serve(names: Sequence[str], account: str, role: str) -> bool:
+    """Whether the application_names of a database's sessions show a worker process that does
+    `role` (POLLS or SUBMITS) for `account`. A worker's connections are named `vidpoll <worker
+    id>` and its LISTEN connection says what it serves (presence_name); a worker without one
+    (--no-listen, a name cut at 63 bytes, an older vidpoll) counts as serving everything."""
+    known: dict[str, bool] = {}
+    for name in names:
+        if not name.startswith("vidpoll ") or name.startswith("vidpoll migrate"):
+            continue
+        match = _PRESENCE.match(name)
+        if match is not None:
+            known[match.group(1)] = (role in match.group(2)
+                                     and account in match.group(3).split(","))
+        else:
+            known.setdefault(name.split(" ")[1], True)
+    return any(known.values())
+
+
 class InvalidCursor(ValueError):
     """A page cursor that is malformed, or from another listing."""
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+ORDERS = ("newest", "oldest")
+"""list_jobs' orders besides each listing's own: by creation (finished rows: by when they
+finished), newest or oldest first."""
+
+
 def _encode_cursor(kind: str, at: datetime | None, job_id: str) -> str:
-    raw = json.dumps([kind, at.isoformat() if at else None, job_id]).encode()
+    # compact (microseconds since the epoch, exact): a page footer fits 80 columns
+    micros = None if at is None else (at - _EPOCH) // timedelta(microseconds=1)
+    raw = json.dumps([kind, micros, job_id], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -148,9 +203,10 @@ def _decode_cursor(cursor: str | None, kind: str) -> tuple[datetime | None, str 
     if not cursor:
         return None, None
     try:
-        got, at, job_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        when = datetime.fromisoformat(at) if at else None
-    except (ValueError, TypeError) as exc:
+        got, micros, job_id = json.loads(
+            base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        when = None if micros is None else _EPOCH + timedelta(microseconds=int(micros))
+    except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidCursor(f"not a page cursor: {cursor[:40]!r}") from exc
     if got != kind or (kind != "all" and when is None):
         raise InvalidCursor("a cursor of another listing (state or order); start from page 1")
@@ -393,28 +449,39 @@ class _Listener:
 class PgStore:
     """The job table, through a small pool of autocommit connections."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], url: str, prepare: bool = True) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], url: str, prepare: bool = True,
+                 listen_url: str | None = None) -> None:
         self._pool = pool
         self._url = url
         self._prepare = prepare
         self._vacuum_notices: list[str] = []
-        self._listener = _Listener(url)
+        self._listener = _Listener(listen_url or url)
 
     @classmethod
     async def open(cls, url: str, *, max_size: int = 4, timeout_s: float = 10.0,
                    check_schema: bool = True, prepare: bool = True,
-                   application_name: str | None = None) -> PgStore:
+                   application_name: str | None = None,
+                   serves: Serves | None = None) -> PgStore:
         """Connect (failing with DatabaseUnavailable if PostgreSQL is down) and check the schema.
 
         `prepare=False`: no server-side prepared statements (PgBouncer before 1.21 in
         transaction mode hands each transaction another server connection).
         `application_name`: what pg_stat_activity shows for every connection of this store
         (a worker passes its id); an application_name already in `url` wins.
+        `serves`: what this process's workers do for which accounts; its LISTEN connection
+        says so in its application_name (see presence_name), for `serving()` to read.
+        A malformed `url` raises ConfigError, which never quotes it (it may hold a password).
         """
-        if application_name and "application_name" not in psycopg.conninfo.conninfo_to_dict(url):
+        options = check_database_url(url)  # a ConfigError that never quotes it
+        listen_url = url
+        if application_name and "application_name" not in options:
             # the server truncates to 63 bytes; cut here so the name it keeps is predictable
-            name = application_name.encode()[:63].decode(errors="ignore")
-            url = psycopg.conninfo.make_conninfo(url, application_name=name)
+            name = _app_name(application_name)
+            url = listen_url = psycopg.conninfo.make_conninfo(url, application_name=name)
+            if serves is not None:
+                # the LISTEN connection says what the worker serves (wait() reads it)
+                listen_url = psycopg.conninfo.make_conninfo(
+                    url, application_name=presence_name(application_name, serves))
         # One plain connection first: a dead server fails here at once with its real reason,
         # instead of after the pool's retries.
         await _probe(url, timeout_s)
@@ -431,7 +498,7 @@ class PgStore:
             raise DatabaseUnavailable(
                 f"cannot connect to PostgreSQL at {redact_url(url)} within {timeout_s:g} s; "
                 "is it running, and is DATABASE_URL right?") from exc
-        store = cls(pool, url, prepare)
+        store = cls(pool, url, prepare, listen_url)
         if check_schema:
             try:
                 await store.check_schema()
@@ -859,22 +926,35 @@ class PgStore:
         return await self._all("minutes_since", {"minutes": minutes})
 
     async def list_jobs(self, state: str | None = None, account: str | None = None,
-                        limit: int = 50, cursor: str | None = None
+                        limit: int = 50, cursor: str | None = None, order: str | None = None
                         ) -> tuple[list[dict[str, Any]], str | None]:
-        """One page of rows and the cursor of the next page (None on the last one): pending
-        rows in due order, finished ones newest first (`state` one final state, or
-        "finished" for all), or every row by id; keyset paging, fast at any depth. A cursor
-        from another listing raises InvalidCursor."""
+        """One page of rows and the cursor of the next page (None on the last one).
+
+        `order` None: each listing's own order, keyset-paged on an index, fast at any depth:
+        pending rows in due order, finished ones (`state` one final state, or "finished" for
+        all) newest first, every row by id. "newest"/"oldest": finished rows by when they
+        finished (the same index, either way), any other listing by created_at, then job id
+        (a scan and a top-N sort per page: the same cost at any depth). A cursor from
+        another listing or order raises InvalidCursor."""
+        if order is not None and order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS} or None, not {order!r}")
+        finished = state not in (None, PENDING)
         kind = ("pending" if state == PENDING else "all" if state is None
                 else f"finished:{state}")
+        if order is not None and not (finished and order == "newest"):
+            kind += f"/{order}"  # newest finished first is the finished listing's own order
         after_at, after_id = _decode_cursor(cursor, kind)
         params = {"state": state if state not in (None, PENDING, "finished") else None,
                   "account": account, "limit": limit + 1, "after_at": after_at,
-                  "after_id": after_id}
-        if state == PENDING:
+                  "after_id": after_id, "pending_only": state == PENDING}
+        if finished:
+            name = "list_finished_oldest" if order == "oldest" else "list_finished"
+            rows, key = await self._all(name, params), "finished_at"
+        elif order is not None:
+            name = "list_created_newest" if order == "newest" else "list_created_oldest"
+            rows, key = await self._all(name, params), "created_at"
+        elif state == PENDING:
             rows, key = await self._all("list_pending", params), "next_poll_at"
-        elif state is not None:
-            rows, key = await self._all("list_finished", params), "finished_at"
         else:
             rows, key = await self._all("list_all", params), ""
         if len(rows) <= limit:
@@ -882,6 +962,16 @@ class PgStore:
         rows = rows[:limit]
         last = rows[-1]
         return rows, _encode_cursor(kind, last[key] if key else None, last["job_id"])
+
+    async def serving(self, account: str, role: str) -> bool | None:
+        """Whether a worker process connected to this database does `role` (POLLS or
+        SUBMITS) for `account`, as its connections' application_names say (names_serve);
+        None if that cannot be read."""
+        try:
+            rows = await self._all("session_names", {})
+        except (DatabaseUnavailable, psycopg.Error):
+            return None
+        return names_serve([r["application_name"] for r in rows], account, role)
 
     async def poll_now(self, job_id: str) -> bool | None:
         """Make a pending job due now; None if no pending row, else whether it was idle (a
@@ -1164,6 +1254,9 @@ async def _probe(url: str, timeout_s: float) -> None:
     try:
         conn = await psycopg.AsyncConnection.connect(url, connect_timeout=max(1, int(timeout_s)))
     except psycopg.OperationalError as exc:
+        refused = connect_refusal(exc)
+        if refused is not None:
+            raise refused from None
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {redact_url(url)}: {_first_line(exc)}; "
             "is it running, and is DATABASE_URL right?") from exc

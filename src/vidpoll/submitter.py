@@ -205,9 +205,10 @@ class Submitter(Runner):
                         await helper
             await self._flush_minutes(self.store)
             await self.signals.pulse()
+            retries = ",".join(f"{k}:{v}" for k, v in sorted(self.stats.retries.items()))
             log.info("submitter %s stopped: posts=%d submitted=%d rejected=%d unknown=%d "
                      "retries=%s", cfg.worker_id, self.stats.posts, self.stats.submitted,
-                     self.stats.rejected, self.stats.unknown, self.stats.retries)
+                     self.stats.rejected, self.stats.unknown, retries or "0")
 
     async def _main_loop(self) -> None:
         cfg = self.config

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from vidpoll.media import job_path_segment, redact_urls
+from vidpoll.media import job_path_segment, redact_urls, shown_url
 from vidpoll.models import ErrorClass, HttpAnswer
 
 DEFAULT_BASE_URL = "https://api.sume.com"
@@ -74,6 +74,11 @@ class SumeClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    def shown_status_url(self, job_id: str) -> str:
+        """The status URL of `job_id` as logs and `vidpoll doctor` show it: scheme, host, port
+        and path only (never credentials, a query string or the key, which is a header)."""
+        return shown_url(str(_job_url(self._base, job_id, self._status_path)))
 
     async def read_status(self, job_id: str) -> HttpAnswer:
         """GET the job's status; every failure comes back as an HttpAnswer, never raised."""

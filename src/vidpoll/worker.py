@@ -14,6 +14,7 @@ import json
 import logging
 import random
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -38,13 +39,18 @@ from vidpoll.models import (
 )
 from vidpoll.policy import (
     IN_PROGRESS_STATUSES,
+    KEY_REFUSED,
+    PROVIDER,
     AuthPause,
     Budget,
     Grant,
+    Misrouted,
     PollPolicy,
+    auth_pause_delay,
     backoff_delay,
     decide,
     decide_result,
+    probe_verdict,
     server_pause_s,
 )
 from vidpoll.runner import (
@@ -87,6 +93,12 @@ WRITE_MARGIN_S = 0.5
 """Lease a read must leave for its write, beyond the HTTP timeout: the batched write (up to
 WRITE_INTERVAL_S plus the database's time) must land before another worker may claim the row,
 or that worker could read it earlier than the hint the answer carried."""
+MAX_SUSPECTS = 10_000
+"""Rows remembered as refused by something other than the provider while it answered the
+account's other reads (see Worker._provider_answered); beyond it the memory starts over."""
+PROBE_PREFIX = "vidpoll-probe-"
+"""The job id a misrouted account's probe reads: one that cannot exist, so the provider's own
+"not found" proves the URL right again."""
 DEFAULT_VACUUM_EVERY_ROWS = 5_000
 """Dead row versions a worker lets pile up before it vacuums the job table (with its index
 pass forced: the vacuum_jobs query): about a second of a busy worker's writes (two per poll).
@@ -100,6 +112,22 @@ def late_at_read(job: ClaimedJob) -> float:
     if not job.claimed_mono:
         return job.late_s
     return job.late_s + max(0.0, time.monotonic() - job.claimed_mono)
+
+
+@dataclass
+class _Misroute:
+    """One account's status reads answered by something other than the provider (a wrong base
+    URL, a proxy): from the first such answer until a read or a probe reaches the provider."""
+
+    url: str
+    """The first URL tried (scheme, host and path only), as logged."""
+    since: float
+    """Loop time of the first such answer."""
+    rows: set[str] = field(default_factory=set)
+    """The rows given back meanwhile (see Worker._url_works)."""
+    failures: int = 1
+    """Answers in a row that were not the provider's: the pause grows with them."""
+    probing: bool = False
 
 
 class LockedBatchLike(Protocol):
@@ -172,7 +200,9 @@ class Store(MinutesStore, Protocol):
 
 
 class StatusReader(Protocol):
-    """What the worker needs from Sume."""
+    """What the worker needs from Sume. A reader may also have `shown_status_url(job_id)`,
+    the URL a read of `job_id` goes to as logs may show it (SumeClient has): the worker names
+    it when something other than the provider answers."""
 
     async def read_status(self, job_id: str) -> HttpAnswer:
         """Read one job's status; failures come back as answers, never raised."""
@@ -269,6 +299,14 @@ class Worker(Runner):
         self._since_claim: set[str] = set()
         self._peers: set[str] = set()
         self._presence_due = asyncio.Event()
+        # accounts whose status reads something other than the provider answers (a wrong base
+        # URL, a proxy): paused like a refused key until a probe reaches the provider
+        self._misrouted: dict[str, _Misroute] = {}
+        self._suspects: set[str] = set()
+        """Rows refused that way while the provider answered the account's other reads:
+        their next such refusal is their own error (backoff), not a pause of the account."""
+        self.url_probes = 0
+        """Probe reads sent for misrouted accounts."""
 
     # -- control --------------------------------------------------------------------------
     def stop(self) -> None:
@@ -320,7 +358,9 @@ class Worker(Runner):
             log.info("worker %s stopped: reads=%d finished=%d errors=%s fenced_out=%d "
                      "claims=%d probes=%d notify_wakeups=%d empty_notify_wakeups=%d "
                      "staggered=%d herd_skips=%d drained_sent=%d",
-                     cfg.worker_id, st.reads, st.finished, st.errors, st.fenced_out,
+                     cfg.worker_id, st.reads, st.finished,
+                     ",".join(f"{k}:{v}" for k, v in sorted(st.errors.items())) or "0",
+                     st.fenced_out,
                      st.claims, st.probes, st.notify_wakeups, st.empty_notify_wakeups,
                      st.staggered, st.herd_skips, st.drained_sent)
 
@@ -553,6 +593,9 @@ class Worker(Runner):
             want = limit - claimed
             if want <= 0 or self._stopping.is_set():
                 break
+            if account in self._misrouted:
+                self._probe(account)  # no row is read until the provider answers again
+                continue
             if self._auth_failures.get(account):
                 want = 1
             claimed += await self._claim_account(account, want)
@@ -690,6 +733,18 @@ class Worker(Runner):
                                error_class=ErrorClass.MALFORMED,
                                error=f"could not interpret the answer: {type(exc).__name__}",
                                account=job.account)
+        misrouted = isinstance(decision, Misrouted)
+        if isinstance(decision, Misrouted):  # (isinstance again: mypy narrows on it)
+            if job.job_id in self._suspects:
+                # the provider answers this account's other reads: only this row's URL is
+                # refused (a proxy rule, say), so it backs off on its own
+                decision = decision.row_outcome
+            else:
+                metrics.observe_poll(self.minutes, started, job.account,
+                                     ErrorClass.CLIENT_ERROR.value, late_s, read_s)
+                if self._misrouted_read(job, decision):
+                    self.stats.count_error(ErrorClass.CLIENT_ERROR)
+                return None
         if isinstance(decision, AuthPause):
             metrics.observe_poll(self.minutes, started, job.account, ErrorClass.AUTH.value,
                                  late_s, read_s)
@@ -700,7 +755,10 @@ class Worker(Runner):
                              decision.error_class.value if decision.error_class is not None
                              else "final" if decision.is_final else "not_ready",
                              late_s, read_s)
-        self._key_accepted(job.account, "polling")
+        if not misrouted:  # no proof either way: the provider never saw this read
+            self._key_accepted(job.account, "polling")
+        if decision.read_ok or decision.error_class is ErrorClass.NOT_FOUND:
+            self._provider_answered(job.account, job.job_id)
         if decision.error_class is not None:
             self.stats.count_error(decision.error_class)
             # the first failure of a run is an event; the repeats are in the counters
@@ -719,6 +777,93 @@ class Worker(Runner):
                 log.warning("Sume sent an unknown non-terminal status %r; polling on", word)
         return dataclasses.replace(decision, answered_mono=answered)
 
+    # -- reads answered by something other than the provider -------------------------------
+    def _shown_url(self, account: str, job_id: str) -> str:
+        shown = getattr(self.readers.get(account), "shown_status_url", None)
+        if callable(shown):
+            with contextlib.suppress(Exception):
+                return str(shown(job_id))
+        return f"the status URL of job {job_id!r}"
+
+    def _misrouted_read(self, job: ClaimedJob, pause: Misrouted) -> bool:
+        """Pause the account after an answer that was not the provider's (its row is given
+        back untouched); False if its pause had begun already (logged once per pause)."""
+        account = job.account
+        episode = self._misrouted.get(account)
+        if episode is not None:
+            if len(episode.rows) < MAX_SUSPECTS:
+                episode.rows.add(job.job_id)
+            return False
+        now = self._now()
+        url = self._shown_url(account, job.job_id)
+        self._misrouted[account] = _Misroute(url, now, {job.job_id})
+        delay = auth_pause_delay(1, self.config.policy, self._rng)
+        self._paused_until[account] = max(self._paused_until.get(account, 0.0), now + delay)
+        log.error("account %r: a status read got %s from %s, not the provider's error "
+                  "envelope: the base URL looks wrong, or a proxy answers in the provider's "
+                  "place. Polling of this account is paused, its rows untouched (never counted "
+                  "as not found), and probed again with backoff (first in %.1fs); `vidpoll "
+                  "doctor` checks the URL", account, pause.detail, url, delay,
+                  extra=event(job_id=job.job_id, account=account, outcome="misrouted",
+                              http_status=pause.http_status))
+        return True
+
+    def _probe(self, account: str) -> None:
+        """Send one probe read for a misrouted account whose pause ran out (at most one at a
+        time; the account stays paused until its answer)."""
+        episode = self._misrouted[account]
+        # paused while the probe is out (a slow one too): its answer sets the pause anew
+        self._paused_until[account] = self._now() + IDLE_MAX_S
+        if not episode.probing:
+            episode.probing = True
+            self._spawn(self._probe_url(account, episode))
+
+    async def _probe_url(self, account: str, episode: _Misroute) -> None:
+        probe_id = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+        try:
+            answer = await self.readers[account].read_status(probe_id)
+        except Exception as exc:  # the reader promises answers, not exceptions; be safe
+            answer = HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
+                                detail=type(exc).__name__)
+        finally:
+            episode.probing = False
+        self.url_probes += 1
+        verdict = probe_verdict(answer)
+        if self._misrouted.get(account) is not episode:
+            pass  # a row's read reached the provider meanwhile: polling resumed already
+        elif verdict in (PROVIDER, KEY_REFUSED):  # a refused key is the rows' to report
+            self._url_works(account, "a probe")
+        else:
+            episode.failures += 1
+            delay = auth_pause_delay(episode.failures, self.config.policy, self._rng)
+            self._paused_until[account] = self._now() + delay
+            log.debug("account %r: probe answered %s (%s); still paused, next probe in %.1fs",
+                      account, answer.status or answer.transport_error, verdict, delay)
+        self._wake.set()
+        await self.signals.pulse()
+
+    def _provider_answered(self, account: str, job_id: str) -> None:
+        """A read of `job_id` reached the provider: the row is no suspect, and a pause of its
+        account for answers that were not the provider's ends."""
+        self._suspects.discard(job_id)
+        if account in self._misrouted:
+            self._url_works(account, "a status read")
+
+    def _url_works(self, account: str, how: str) -> None:
+        """The provider answers the account's reads again: polling resumes. The rows given back
+        during the pause become suspects: if one of them alone is refused again, it is that
+        row's URL (a proxy rule), and it backs off on its own instead of pausing everything."""
+        episode = self._misrouted.pop(account)
+        if len(self._suspects) + len(episode.rows) > MAX_SUSPECTS:
+            self._suspects.clear()
+        self._suspects |= episode.rows
+        if not self._auth_failures.get(account):
+            self._paused_until.pop(account, None)
+        log.info("account %r: the provider answers status reads again (%s); polling resumed "
+                 "after %.1fs (a row refused again that way while the others are answered "
+                 "backs off on its own)", account, how, self._now() - episode.since)
+        self._wake.set()
+
     def _note_server_pause(self, account: str, answer: HttpAnswer) -> None:
         """Queue the server's pause for the fleet's bucket (written by the writer, batched).
 
@@ -736,7 +881,9 @@ class Worker(Runner):
     async def _read_leased(self, job: ClaimedJob) -> None:
         try:
             outcome = None
-            if self._lease_fits_a_read(job):
+            if job.account in self._misrouted:
+                self._release.append(job)  # unread: its account waits for a probe
+            elif self._lease_fits_a_read(job):
                 outcome = await self._read(job)
                 if outcome is None:
                     self._release.append(job)

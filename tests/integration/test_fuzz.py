@@ -276,6 +276,12 @@ class Expected:
     delay: tuple[float, float] | None = None  # due-time bounds while pending
 
 
+def sume_envelope(obj: dict[str, Any] | None) -> bool:
+    """Whether a body is Sume's error envelope: {"error": {"code": "<non-empty string>"}}."""
+    err = (obj or {}).get("error")
+    return isinstance(err, dict) and isinstance(err.get("code"), str) and bool(err["code"])
+
+
 def expected_read(code: int | None, body: bytes, retry_after: str | None,
                   pre: dict[str, Any], t0: datetime, t1: datetime) -> Expected:
     """README "How it works", one row of the table per branch."""
@@ -293,6 +299,10 @@ def expected_read(code: int | None, body: bytes, retry_after: str | None,
     if code is None:
         return error("timeout")
     if code in (401, 403):
+        return Expected(released=True)
+    if code is not None and 400 <= code < 500 and code not in (408, 425, 429) \
+            and not sume_envelope(obj):
+        # not Sume's answer (a wrong URL, a proxy): the account pauses, the row is untouched
         return Expected(released=True)
     if code == 404:
         tries = pre["not_found_count"] + 1
@@ -524,7 +534,8 @@ async def test_any_status_answer_makes_a_documented_transition(
             hi = t1 + timedelta(seconds=pause + SLACK_S)
             assert lo <= paused_until <= hi, (pause, paused_until - t0)
 
-        if not want.released:  # a refused key pauses every read by design: nothing to poll
+        # a refused key or a wrong URL pauses every read by design: nothing to poll
+        if not want.released:
             await sentinel_finishes(run, watched, fake, conn)
     finally:
         await run.stop()

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vidpoll.models import GAVE_UP, NOT_FOUND, PENDING, ClaimedJob, ErrorClass, HttpAnswer, Outcome
-from vidpoll.policy import AuthPause, PollPolicy, backoff_delay, decide
+from vidpoll.policy import AuthPause, Misrouted, PollPolicy, backoff_delay, decide
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 POLICY = PollPolicy()
@@ -36,6 +36,10 @@ def make_job(*, age_s: float = 60.0, consecutive_errors: int = 0, not_found_coun
 def js(value: Any) -> bytes:
     """JSON bytes, as Sume would send them."""
     return json.dumps(value).encode()
+
+
+NOT_FOUND_BODY = js({"error": {"code": "not_found", "message": "no such job"}})
+"""Sume's own 404: a bare 404 (no envelope) is a wrong URL, not a missing job."""
 
 
 def run(answer: HttpAnswer, job: ClaimedJob | None = None, policy: PollPolicy = POLICY,
@@ -240,8 +244,10 @@ ERROR_CASES = [
     pytest.param(HttpAnswer(502, b"<html>Bad Gateway</html>"), ErrorClass.SERVER_ERROR,
                  id="502-html"),
     pytest.param(HttpAnswer(504), ErrorClass.SERVER_ERROR, id="504"),
-    pytest.param(HttpAnswer(400), ErrorClass.CLIENT_ERROR, id="400"),
-    pytest.param(HttpAnswer(422), ErrorClass.CLIENT_ERROR, id="422"),
+    pytest.param(HttpAnswer(400, js({"error": {"code": "bad_request"}})),
+                 ErrorClass.CLIENT_ERROR, id="400"),
+    pytest.param(HttpAnswer(422, js({"error": {"code": "invalid_request"}})),
+                 ErrorClass.CLIENT_ERROR, id="422"),
     pytest.param(HttpAnswer(None, transport_error=ErrorClass.TIMEOUT, detail="no answer"),
                  ErrorClass.TIMEOUT, id="timeout"),
     pytest.param(HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
@@ -377,14 +383,16 @@ def test_not_found_stays_pending_until_tries_or_age_run_out(not_found_count: int
 
 def test_not_found_with_a_custom_policy() -> None:
     policy = PollPolicy(not_found_max_tries=1)
-    assert outcome(HttpAnswer(404), policy=policy).state == NOT_FOUND
+    assert outcome(HttpAnswer(404, NOT_FOUND_BODY), policy=policy).state == NOT_FOUND
     policy = PollPolicy(not_found_max_age_s=10.0, not_found_min_tries_when_old=1)
-    assert outcome(HttpAnswer(404), make_job(age_s=10.0), policy=policy).state == NOT_FOUND
-    assert outcome(HttpAnswer(404), make_job(age_s=9.0), policy=policy).state == PENDING
+    gone = HttpAnswer(404, NOT_FOUND_BODY)
+    assert outcome(gone, make_job(age_s=10.0), policy=policy).state == NOT_FOUND
+    assert outcome(gone, make_job(age_s=9.0), policy=policy).state == PENDING
 
 
 def test_not_found_backoff_follows_consecutive_errors() -> None:
-    out = outcome(HttpAnswer(404), make_job(consecutive_errors=3, not_found_count=0))
+    out = outcome(HttpAnswer(404, NOT_FOUND_BODY),
+                  make_job(consecutive_errors=3, not_found_count=0))
     assert 8.0 <= out.delay_s <= 16.0
 
 
@@ -500,6 +508,11 @@ def policies(draw: st.DrawFn) -> PollPolicy:
 
 
 def check_delay(result: Outcome | AuthPause, policy: PollPolicy) -> None:
+    if isinstance(result, Misrouted):  # a 4xx without Sume's envelope: a wrong URL
+        assert 400 <= result.http_status < 500
+        assert result.row_outcome.state != NOT_FOUND
+        check_delay(result.row_outcome, policy)
+        return
     if isinstance(result, AuthPause):
         assert result.http_status in (401, 403)
         return

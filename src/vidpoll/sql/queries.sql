@@ -971,6 +971,45 @@ WHERE (%(account)s::text IS NULL OR account = %(account)s)
 ORDER BY job_id
 LIMIT %(limit)s;
 
+-- name: list_finished_oldest
+-- list_finished oldest first: the same index, scanned backwards.
+SELECT job_id, state, account, next_poll_at, polls, consecutive_errors, last_error_class,
+       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token
+FROM video_jobs
+WHERE state <> 'pending'
+  AND (%(state)s::text IS NULL OR state = %(state)s)
+  AND (%(account)s::text IS NULL OR account = %(account)s)
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (finished_at, job_id) > (%(after_at)s::timestamptz, %(after_id)s::text))
+ORDER BY finished_at, job_id
+LIMIT %(limit)s;
+
+-- name: list_created_newest
+-- Every row (or the pending ones) newest first, `jobs list`'s default, after a keyset cursor:
+-- no index on created_at (none is worth its writes for an operator's listing), so each page
+-- is one scan and a top-N sort, the same cost at any depth.
+SELECT job_id, state, account, next_poll_at, polls, consecutive_errors, last_error_class,
+       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token
+FROM video_jobs
+WHERE (%(account)s::text IS NULL OR account = %(account)s)
+  AND (NOT %(pending_only)s::bool OR state = 'pending')
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (created_at, job_id) < (%(after_at)s::timestamptz, %(after_id)s::text))
+ORDER BY created_at DESC, job_id DESC
+LIMIT %(limit)s;
+
+-- name: list_created_oldest
+-- list_created_newest oldest first.
+SELECT job_id, state, account, next_poll_at, polls, consecutive_errors, last_error_class,
+       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token
+FROM video_jobs
+WHERE (%(account)s::text IS NULL OR account = %(account)s)
+  AND (NOT %(pending_only)s::bool OR state = 'pending')
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (created_at, job_id) > (%(after_at)s::timestamptz, %(after_id)s::text))
+ORDER BY created_at, job_id
+LIMIT %(limit)s;
+
 -- name: poll_now
 -- `jobs poll-now` and the dashboard's button: a pending row is made due now (the NOTIFY
 -- trigger wakes idle workers); one a worker is reading right now is marked, and that read's
