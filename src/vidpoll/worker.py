@@ -70,6 +70,10 @@ RESULTS_TURN = 8
 """Every this many claim turns, result fetches get their share first even if none were seen."""
 BUSY_RETRY_S = 0.25
 """Floor of the sleep when rows are due but all locked by others: never a hot loop."""
+DRAIN_RECHECK_S = 0.5
+"""With --drain, the longest sleep between looks at whether anything is left: rows other
+workers hold finish without a notification, and their lease (or the 30 s idle cap) is far
+longer than the wait for them (a drain could sleep 30 s past its last row)."""
 WAKE_CHANNELS = ("vidpoll_jobs", "vidpoll_drained")
 """What a poller listens to: rows inserted or made due (the payload names the transaction that
 did it, from migration 0012 on), and other workers' claims that took every due row."""
@@ -542,6 +546,13 @@ class Worker(Runner):
     async def _idle_delay(self, claimed: int, probing: bool = False) -> float | None:
         """How long to sleep after a claim that did not fill the batch; None ends a drain.
         `probing`: no claim was made (an idle sleep ran out); 0.0 means claim now."""
+        delay = await self._idle_delay_for(claimed, probing)
+        if delay is not None and self.config.drain:
+            return min(delay, DRAIN_RECHECK_S)
+        return delay
+
+    async def _idle_delay_for(self, claimed: int, probing: bool) -> float | None:
+        """`_idle_delay` before a drain's cap."""
         cfg = self.config
         # intents first: a submission commits its job row as its intent leaves the queue, so
         # "no queued intent" followed by "no pending job" cannot miss a job in between

@@ -152,3 +152,25 @@ async def test_unstorable_job_ids_are_refused_clearly(store: PgStore, bad):
     assert await store.counts() == {}
 
 
+
+
+async def test_a_drain_ends_when_another_workers_last_row_ends_not_its_lease(
+        store: PgStore, fake_url):
+    """Rows another worker holds end without a notification; a draining worker must look
+    again soon, not sleep until their lease (here 60 s) or its 30 s idle cap runs out."""
+    await store.add_job("held", delay_s=0)
+    [held] = await store.claim(1, lease_s=60, worker_id="other")
+    async with SumeClient(fake_url, API_KEY, timeout_s=2) as client:
+        # listen=False: no notification could wake it either way (a row that ends sends
+        # none that a poller listens to), so the test does not race the LISTEN's start
+        worker = Worker(store, client, WorkerConfig(drain=True, policy=FAST_POLICY,
+                                                    fetch_results=False, listen=False))
+        run = asyncio.create_task(worker.run())
+        # it has looked (nothing it may claim) and goes to sleep
+        await worker.signals.wait_for(lambda: worker.idle or run.done(), 10)
+        assert not run.done()  # the held row is still pending
+        done = Outcome("held", held.claim_token, "completed", 0, True, 200,
+                       provider_status="completed")
+        assert await store.record([done]) == {"held"}
+        await asyncio.wait_for(run, 15)  # before the cap: ~30 s (the idle cap)
+    assert worker.stats.reads == 0
