@@ -79,7 +79,7 @@ def _view(counts: dict[str, int], intents: dict[str, int], backlog: tuple[int, f
     head = (f"{done}/{n_jobs} jobs finished · {reads} status reads · "
             f"{reads / max(elapsed, 1e-9):.1f} reads/s · {elapsed:.0f}s elapsed\n"
             f"fake Sume billed {fake.billed} renders for {fake.creates} POSTs "
-            f"(replays after unknown outcomes: {retries or 'none yet'}); "
+            f"(replays after unknown outcomes: {_counts(retries) or 'none yet'}); "
             f"renders running at Sume: {fake.running()} (cap {MAX_ACTIVE})\n"
             f"due now: {backlog[0]} rows, the oldest late by {backlog[1]:.1f}s · fleet budget "
             f"{READS_PER_S:g} reads/s (Sume's limit too): "
@@ -193,6 +193,11 @@ async def _check_downloads(store: PgStore, fake: FakeSume) -> int:
     return downloaded
 
 
+def _counts(counts: dict[str, int]) -> str:
+    """`completed 29, failed 8`: counts by name for people, never a dict's repr."""
+    return ", ".join(f"{name} {n}" for name, n in sorted(counts.items()))
+
+
 def _summary(console: Console, counts: dict[str, int], workers: list[Worker], fake: FakeSume,
              started: float, n_jobs: int) -> None:
     elapsed = time.monotonic() - started
@@ -202,8 +207,8 @@ def _summary(console: Console, counts: dict[str, int], workers: list[Worker], fa
         for k, v in w.stats.errors.items():
             errors[k] = errors.get(k, 0) + v
     stats = fake.stats()
-    console.print(f"\n[bold]summary[/bold]: {dict(sorted(counts.items()))} in {elapsed:.1f}s; "
-                  f"{reads} status reads, errors handled: {errors or 'none'}; "
+    console.print(f"\n[bold]summary[/bold]: {_counts(counts)} in {elapsed:.1f}s; "
+                  f"{reads} status reads, errors handled: {_counts(errors) or 'none'}; "
                   f"overlapping reads of one job seen by the fake: {fake.overlaps}; "
                   f"{fake.creates} POSTs, renders billed: {fake.billed} for {n_jobs} intents "
                   f"(keys billed twice: {stats['keys_billed_twice']}); peak renders running: "

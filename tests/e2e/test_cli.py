@@ -107,8 +107,10 @@ def test_demo_runs_to_completion(new_user_env):
                      timeout=150)
     assert result.returncode == 0, result.stderr + result.stdout
     assert "summary" in result.stdout
-    assert "'pending'" not in result.stdout.split("summary")[-1]
     summary = " ".join(result.stdout.split())
+    states = summary.split("summary:")[-1].split(" in ")[0]  # "completed 9, failed 2, ..."
+    assert "pending" not in states and "completed" in states, summary
+    assert "{'" not in result.stdout, result.stdout  # counts for people, never a dict's repr
     assert "overlapping reads of one job seen by the fake: 0" in summary
     assert "renders billed: 12 for 12 intents (keys billed twice: 0)" in summary
     # every completed job's video is on disk and whole (the demo exits non-zero otherwise)
