@@ -26,6 +26,7 @@ from vidpoll.policy import (
     KEY_REFUSED,
     MISROUTED,
     NO_ANSWER,
+    NOT_API,
     PROVIDER,
     body_kind,
     parsed_json_object,
@@ -268,12 +269,33 @@ async def check_providers(base_url: str, keys: Mapping[str, str],
                         "(SUME_API_KEY, SUME_API_KEY_<ACCOUNT>)")]
 
     async def one(account: str, key: str) -> Finding:
-        job_id = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
-        async with SumeClient(base_url, key, timeout_s=timeout_s, max_connections=1) as client:
-            answer = await client.read_status(job_id)
-            return provider_finding(account, client.shown_status_url(job_id), answer)
+        try:
+            job_id = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+            async with SumeClient(base_url, key, timeout_s=timeout_s,
+                                  max_connections=1) as client:
+                if client.key_problem is not None:
+                    return Finding(f"provider: {account}", FAIL, "the API key of account "
+                                   f"{account!r} cannot be sent: {client.key_problem}",
+                                   f"check {key_variable(account)}")
+                answer = await client.read_status(job_id)
+                return provider_finding(account, client.shown_status_url(job_id), answer)
+        except Exception as exc:  # one account's failure is its finding, never a traceback
+            return Finding(f"provider: {account}", FAIL, f"could not check account "
+                           f"{account!r}: {type(exc).__name__}: {_safe_text(exc, key)}",
+                           f"check {key_variable(account)} and SUME_BASE_URL")
 
     return list(await asyncio.gather(*(one(a, keys[a]) for a in sorted(keys))))
+
+
+def _safe_text(exc: BaseException, key: str) -> str:
+    """An exception's first line for a finding: never the key, no URL's query string, short
+    (a header's error may quote the header)."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    if key:
+        text = text.replace(key, "<redacted>")
+    if "Bearer" in text or "Authorization" in text:
+        return "(message not shown: it may quote the key)"
+    return redact_urls(text)[:200]
 
 
 def provider_finding(account: str, url: str, answer: HttpAnswer) -> Finding:
@@ -296,6 +318,14 @@ def provider_finding(account: str, url: str, answer: HttpAnswer) -> Finding:
         kind = body_kind(answer.body, parsed_json_object(answer.body))
         return Finding(check, FAIL, f"base URL looks wrong: {url} answered HTTP {status} "
                        f"({kind}), not the provider's error envelope", BASE_URL_FIX)
+    if verdict == NOT_API:
+        # a warning, as for the worker: a provider's own broken body may come now and then
+        what = ("a redirect" if status is not None and 300 <= status < 400
+                else "an HTML page" if body_kind(answer.body, None) == "an HTML page"
+                else "not a JSON object")
+        return Finding(check, WARN, f"base URL is probably wrong: {url} answered HTTP "
+                       f"{status} ({what}), not the provider's JSON", BASE_URL_FIX + "; run "
+                       "`vidpoll doctor` again if the URL is right (a passing glitch)")
     if verdict == NO_ANSWER:
         return Finding(check, FAIL, f"base URL looks wrong: {url} gave no answer "
                        f"({answer.transport_error}: {redact_urls(answer.detail)})",

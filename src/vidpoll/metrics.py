@@ -46,6 +46,10 @@ BUDGET_WAITS = Counter("vidpoll_rate_budget_waits_total", "Claims that got fewer
                        ["account", "kind"], registry=REGISTRY)
 SERVER_PAUSES = Counter("vidpoll_server_pauses_total", "Pauses Sume asked for (429, "
                         "RateLimit-Remaining: 0).", ["account"], registry=REGISTRY)
+MISROUTE_PAUSES = Counter("vidpoll_misroute_pauses_total", "Pauses of an account begun "
+                          "because something other than Sume answered (a 4xx without its "
+                          "error envelope: a wrong base URL, a proxy), by loop: poll, submit.",
+                          ["account", "loop"], registry=REGISTRY)
 FENCED_OUT = Counter("vidpoll_fenced_out_total", "Writes refused because another worker "
                      "owns the row now.", registry=REGISTRY)
 DB_ERRORS = Counter("vidpoll_database_errors_total", "Database calls that failed (outage).",
@@ -137,6 +141,6 @@ def metric_names() -> Iterator[str]:
     """Every metric family this module defines (for docs and tests)."""
     for collector in (POLLS, READ_SECONDS, LATENESS, CLAIM_BATCH, IN_FLIGHT, SUBMISSIONS,
                       RESULT_FETCHES, DELIVERIES, TOKENS, BUDGET_WAITS, SERVER_PAUSES,
-                      FENCED_OUT, DB_ERRORS, JOBS, JOBS_ESTIMATED, STATISTICS_AGE, DUE,
-                      OLDEST_DUE):
+                      MISROUTE_PAUSES, FENCED_OUT, DB_ERRORS, JOBS, JOBS_ESTIMATED,
+                      STATISTICS_AGE, DUE, OLDEST_DUE):
         yield from (m.name for m in collector.describe())

@@ -97,6 +97,23 @@ class Misrouted(AuthPause):
     row_outcome: Outcome
 
 
+@dataclass(frozen=True, slots=True)
+class MisroutedCreate(AuthPause):
+    """A create POST answered by something other than Sume: a 4xx without its error envelope
+    (a wrong base URL's path, a proxy's or a framework's error page), other than the "not
+    now" ones (RETRYABLE_CREATE_4XX). The submitter pauses the account's submissions as for
+    a refused key (the intent given back untouched, its attempt not counted, no unknown
+    outcome recorded) and probes with a status read, never a POST, until Sume answers.
+
+    Why the attempt counts as not sent (not as an unknown outcome): Sume answers every
+    request it handles in its envelope, and a proxy that forwards a request passes Sume's
+    answer on, so an answer without it was made before the request reached Sume's create;
+    the same rule already holds for a refused key. The intent is still sent again under the
+    same Idempotency-Key only, so if a proxy did forward it against all odds, Sume's answer to
+    the re-send is the job it started (docs/SUBMITTING.md).
+    """
+
+
 def validate_job_id(job_id: str) -> str:
     """Return `job_id` unchanged if PostgreSQL can store it and a URL carry it; else raise
     InvalidJobId (empty, NUL, lone surrogate, over 1024 bytes in UTF-8).
@@ -449,14 +466,33 @@ def body_kind(raw: bytes, body: dict[str, Any] | None) -> str:
     return "plain text"
 
 
-PROVIDER, KEY_REFUSED, MISROUTED, NO_ANSWER, UNSURE = (
-    "provider", "key_refused", "misrouted", "no_answer", "unsure")
+PROVIDER, KEY_REFUSED, MISROUTED, NOT_API, NO_ANSWER, UNSURE = (
+    "provider", "key_refused", "misrouted", "not_api", "no_answer", "unsure")
 """What a probe (a status read of a job id that cannot exist) says about the URL and the key:
 the provider answered in its own words (both right; a 2xx JSON object, or any status with its
-error envelope: its "not found" is the expected answer); it refused the key (401/403); an
-answer that is not the provider's (1xx/3xx/4xx without envelope, a 2xx that is no JSON
-object: the base URL looks wrong); no answer at all (connection refused, timeout); or an answer
-that cannot tell (a 5xx or a "not now" 4xx without envelope, from a gateway perhaps)."""
+error envelope: its "not found" is the expected answer); it refused the key (401/403); a 4xx
+without the envelope (the base URL is wrong: what `decide` pauses an account for); an
+answer that is probably not the API's (a 1xx/3xx, a 2xx that is no JSON object: a redirect,
+a web page; `decide` takes it for one row's error, since the provider itself may send a
+broken body now and then, and the worker names the URL after NOT_API_STREAK of them in a
+row); no answer at all (connection refused, timeout); or an answer that cannot tell (a 5xx
+or a "not now" 4xx without envelope, from a gateway perhaps)."""
+NOT_API_STREAK = 5
+"""Status reads of one account in a row, none answered by the provider, that were a redirect
+or a 2xx that is no JSON object (`is_not_api`): then the worker logs one ERROR naming the
+URL. Not a pause: a provider's own transient broken body must not stop an account, and these
+rows back off on their own anyway."""
+
+
+def is_not_api(answer: HttpAnswer) -> bool:
+    """Whether an answer is probably not the API's: a 1xx or 3xx (redirects are never
+    followed), or a 2xx whose body is no JSON object (an HTML page, say)."""
+    status = answer.status
+    if answer.transport_error is not None or status is None:
+        return False
+    if 200 <= status < 300:
+        return _json_object(answer.body) is None
+    return status < 200 or 300 <= status < 400
 
 
 def parsed_json_object(raw: bytes) -> dict[str, Any] | None:
@@ -480,7 +516,9 @@ def probe_verdict(answer: HttpAnswer) -> str:
     if _envelope(body)[0] is not None:
         return PROVIDER
     if 200 <= status < 300:
-        return PROVIDER if body is not None else MISROUTED
+        return PROVIDER if body is not None else NOT_API
+    if status < 200 or 300 <= status < 400:
+        return NOT_API
     if status >= 500 or status in RETRYABLE_READ_4XX:
         return UNSURE
     return MISROUTED
@@ -518,6 +556,16 @@ def created_job_id(body: dict[str, Any] | None) -> str | None:
 
 RETRYABLE_4XX = {408: ErrorClass.TIMEOUT, 409: ErrorClass.CONFLICT, 429: ErrorClass.RATE_LIMITED}
 """4xx answers that say "not now" rather than "never": the same key is sent again later."""
+RETRYABLE_CREATE_4XX = frozenset({*RETRYABLE_4XX, 425})
+"""4xx create answers never taken for a wrong URL, even without Sume's envelope: the "not
+now" ones (a 425 without the envelope stays an unknown outcome, as before)."""
+
+
+def is_misrouted_create(status: int, body: dict[str, Any] | None) -> bool:
+    """Whether a create answer is a 4xx Sume did not send (no error envelope), other than a
+    refused key (401/403) or a "not now" (RETRYABLE_CREATE_4XX)."""
+    return (400 <= status < 500 and status not in (401, 403)
+            and status not in RETRYABLE_CREATE_4XX and _envelope(body)[0] is None)
 
 
 def unknown_resend_delay(policy: PollPolicy, rng: random.Random,
@@ -536,13 +584,16 @@ def decide_submit(intent: ClaimedIntent, answer: HttpAnswer, now: datetime, poli
     unknown (retry slowly, visibly).
 
     The rule that keeps a clip from being billed twice lives here: anything short of a clear
-    answer (a timeout, a dropped connection, a 5xx, a 2xx without a job id, a 4xx that is not
-    Sume's own error envelope) is an *unknown* outcome, and the only safe move is to send the
-    same Idempotency-Key again later. And once an attempt's outcome was unknown, a refusal in
-    Sume's envelope is no proof that nothing was billed (a provider may check credits or
-    limits before its key lookup, and answer 402 to the re-send of a render it started): the
-    intent becomes UNKNOWN, never REJECTED, and keeps being sent with the same key, at most
-    UNKNOWN_RESEND_MAX_S apart, until Sume answers with a job or an operator settles it.
+    answer (a timeout, a dropped connection, a 5xx, a 2xx without a job id, a 408/409/429, a
+    1xx/3xx) is an *unknown* outcome, and the only safe move is to send the same
+    Idempotency-Key again later. A 401/403, or a 4xx that is not Sume's own error envelope (a
+    wrong URL, a proxy: MisroutedCreate), is a pause of the account: the request never reached
+    Sume's create, so nothing is recorded about the intent. And once an attempt's outcome
+    was unknown, a refusal in Sume's envelope is no proof that nothing was billed (a
+    provider may check credits or limits before its key lookup, and answer 402 to the
+    re-send of a render it started): the intent becomes UNKNOWN, never REJECTED, and keeps
+    being sent with the same key, at most UNKNOWN_RESEND_MAX_S apart, until Sume answers with
+    a job or an operator settles it.
     """
     status = answer.status
     body = _json_object(answer.body)
@@ -576,6 +627,9 @@ def decide_submit(intent: ClaimedIntent, answer: HttpAnswer, now: datetime, poli
                              http_status=status, request_id=request_id)
     if status in (401, 403):
         return AuthPause(0.0, status, f"HTTP {status}" + (f": {code}" if code else ""))
+    if is_misrouted_create(status, body):
+        # not Sume's answer: the request never reached its create (see MisroutedCreate)
+        return MisroutedCreate(0.0, status, f"HTTP {status} ({body_kind(answer.body, body)})")
     if status in RETRYABLE_4XX:
         return retry(RETRYABLE_4XX[status], f"HTTP {status}")
     if status == 503:
@@ -594,8 +648,8 @@ def decide_submit(intent: ClaimedIntent, answer: HttpAnswer, now: datetime, poli
                              error_class=ErrorClass.CLIENT_ERROR,
                              error=_error_text(body, answer, f"HTTP {status}"), error_code=code,
                              error_message=message, request_id=request_id)
-    # a 4xx that is not Sume's envelope came from a proxy or a wrong URL, a 1xx/3xx from
-    # something misconfigured: not Sume refusing this request, so never a final rejection
+    # a 425 without Sume's envelope, a 1xx/3xx (a redirect is never followed): not Sume
+    # refusing this request, so never a final rejection; sent again with the same key
     return retry(ErrorClass.CLIENT_ERROR, f"HTTP {status} (not a Sume error answer)")
 
 

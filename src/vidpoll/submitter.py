@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -41,13 +42,17 @@ from vidpoll.models import (
     SubmitOutcome,
 )
 from vidpoll.policy import (
+    KEY_REFUSED,
+    PROVIDER,
     AuthPause,
     Budget,
     Grant,
+    MisroutedCreate,
     PollPolicy,
     auth_pause_delay,
     backoff_delay,
     decide_submit,
+    probe_verdict,
     server_pause_s,
 )
 from vidpoll.runner import (
@@ -69,6 +74,9 @@ submitter holds them); a finishing job's NOTIFY usually wakes the submitter soon
 RELEASE_DELAY_S = 1.0
 """An intent given back unsent is due again after this long, never at once (no spinning)."""
 WAKE_CHANNELS = ("vidpoll_intents", "vidpoll_job_done")
+PROBE_PREFIX = "vidpoll-probe-"
+"""The job id a misrouted account's probe reads (a status read, never a POST): one that cannot
+exist, so Sume's own "not found" proves the base URL right again."""
 
 
 class IntentStore(MinutesStore, Protocol):
@@ -112,10 +120,30 @@ class IntentStore(MinutesStore, Protocol):
 
 
 class VideoCreator(Protocol):
-    """What the submitter needs from Sume: the paid call."""
+    """What the submitter needs from Sume: the paid call. A creator may also have
+    `read_status(job_id)` and `shown_create_url()` (SumeClient has both): the submitter then
+    probes a misrouted account with a status read and names the URL it POSTed to."""
 
     async def create_video(self, payload: dict[str, Any], idempotency_key: str) -> HttpAnswer:
         """POST a new render; failures come back as answers, never raised."""
+
+
+@dataclass
+class _CreateMisroute:
+    """One account's creates answered by something other than Sume (a 4xx without its error
+    envelope: a wrong base URL, a proxy), from the first such answer until Sume answers a
+    POST of the account again."""
+
+    url: str
+    """The create URL tried (scheme, host and path only), as logged."""
+    since: float
+    failures: int = 1
+    """Pauses in a row: the next one grows with them."""
+    probing: bool = False
+    cleared: bool = False
+    """A probe (a status read) reached Sume: one intent at a time may be sent until a POST
+    is answered by Sume too (the create path alone may be the wrong one)."""
+    warned_create: bool = False
 
 
 @dataclass(frozen=True)
@@ -162,6 +190,11 @@ class SubmitStats:
     db_errors: int = 0
     probes: int = 0
     """Idle checks of what is due next made instead of a claim."""
+    url_pauses: int = 0
+    """Pauses of an account's submissions begun for a create answered by something other
+    than Sume (a wrong base URL, a proxy): one per episode."""
+    url_probes: int = 0
+    """Status reads sent to see whether Sume answers a misrouted account again."""
 
 
 class Submitter(Runner):
@@ -180,6 +213,11 @@ class Submitter(Runner):
         self.stats = SubmitStats()
         # an empty account (402) pauses that account only, like a refused key
         self._credit_failures: dict[str, int] = {}
+        # accounts whose creates something other than Sume answers: paused until a status
+        # read (never a POST) reaches Sume again
+        self._misroutes: dict[str, _CreateMisroute] = {}
+        self._one_shot = False
+        """submit_now's: one POST whose caller reports a wrong URL itself (no ERROR here)."""
 
     async def run(self) -> None:
         """Send intents until stop() (or, with drain, until none is queued)."""
@@ -207,8 +245,10 @@ class Submitter(Runner):
             await self.signals.pulse()
             retries = ",".join(f"{k}:{v}" for k, v in sorted(self.stats.retries.items()))
             log.info("submitter %s stopped: posts=%d submitted=%d rejected=%d unknown=%d "
-                     "retries=%s", cfg.worker_id, self.stats.posts, self.stats.submitted,
-                     self.stats.rejected, self.stats.unknown, retries or "0")
+                     "retries=%s url_pauses=%d url_probes=%d", cfg.worker_id,
+                     self.stats.posts, self.stats.submitted, self.stats.rejected,
+                     self.stats.unknown, retries or "0", self.stats.url_pauses,
+                     self.stats.url_probes)
 
     async def _main_loop(self) -> None:
         cfg = self.config
@@ -289,9 +329,14 @@ class Submitter(Runner):
             want = limit - len(claimed)
             if want <= 0:
                 break
+            misroute = self._misroutes.get(account)
+            if misroute is not None and not misroute.cleared:
+                self._probe(account, misroute)  # nothing is POSTed until Sume answers
+                continue
             unknown_only = account in credit_paused
             if not unknown_only and (self._auth_failures.get(account)
-                                     or self._credit_failures.get(account)):
+                                     or self._credit_failures.get(account)
+                                     or misroute is not None):
                 want = 1  # one probe per pause
             try:
                 claimed += await self._claim_account(account, want, unknown_only)
@@ -400,6 +445,14 @@ class Submitter(Runner):
                 await self.store.pause_bucket(intent.account, "create", pause,
                                               answer.status == 429)
         decision = decide_submit(intent, answer, self._clock(), cfg.policy, self._rng)
+        if isinstance(decision, MisroutedCreate):
+            # the request never reached Sume's create: given back untouched, its attempt not
+            # counted and no unknown outcome recorded (policy.MisroutedCreate says why)
+            self._create_misrouted(intent.account, decision)
+            await self._release(intent, max(0.0, self._all_paused_for([intent.account])))
+            return decision
+        if answer.status is not None and probe_verdict(answer) in (PROVIDER, KEY_REFUSED):
+            self._create_answered(intent.account, "a POST")
         if isinstance(decision, AuthPause):
             self._key_refused(intent.account, decision, "submitting (intents stay queued)")
             await self._release(intent, max(0.0, self._all_paused_for([intent.account])))
@@ -488,11 +541,111 @@ class Submitter(Runner):
         with contextlib.suppress(DatabaseUnavailable):
             await self.store.release_intent(intent, delay_s)
 
+    # -- creates answered by something other than Sume ---------------------------------------
+    def _create_url(self, account: str) -> str:
+        shown = getattr(self.creators.get(account), "shown_create_url", None)
+        if callable(shown):
+            with contextlib.suppress(Exception):
+                return str(shown())
+        return "the create URL"
+
+    def _create_misrouted(self, account: str, pause: MisroutedCreate) -> None:
+        """Pause the account's submissions after a create answered by something other than
+        Sume: one ERROR per episode naming the URL (never the key or a query string)."""
+        now = self._now()
+        episode = self._misroutes.get(account)
+        if episode is not None and not episode.cleared:
+            return  # the same pause (POSTs that were in flight together): counted once
+        if episode is None:
+            url = self._create_url(account)
+            episode = self._misroutes[account] = _CreateMisroute(url, now)
+            self.stats.url_pauses += 1
+            metrics.MISROUTE_PAUSES.labels(account, "submit").inc()
+            delay = auth_pause_delay(1, self.config.policy, self._rng)
+            if self._one_shot:  # `vidpoll submit`, Vidpoll.send(): the caller says it once
+                log.info("account %r: POST %s got %s, not Sume's error envelope: the base URL "
+                         "looks wrong; the intent stays queued", account, url, pause.detail)
+                self._paused_until[account] = now + delay
+                return
+            log.error("account %r: POST %s got %s, not Sume's error envelope: the base URL "
+                      "looks wrong, or a proxy answers in Sume's place. Submitting for this "
+                      "account is paused (its intents stay queued, sent later under their "
+                      "same keys), probed with a status read with backoff (first in %.1fs); "
+                      "`vidpoll doctor` checks the URL", account, url, pause.detail, delay,
+                      extra=event(account=account, outcome="misrouted",
+                                  http_status=pause.http_status))
+        else:
+            # a status read reached Sume, the POST still did not: the create path is wrong
+            episode.cleared = False
+            episode.failures += 1
+            delay = auth_pause_delay(episode.failures, self.config.policy, self._rng)
+            if not episode.warned_create:
+                episode.warned_create = True
+                log.warning("account %r: Sume answers status reads, but POST %s still got %s: "
+                            "the create path looks wrong; submitting stays paused (next "
+                            "try in %.1fs)", account, episode.url, pause.detail, delay)
+        self._paused_until[account] = max(self._paused_until.get(account, 0.0), now + delay)
+
+    def _probe(self, account: str, episode: _CreateMisroute) -> None:
+        """One status read (never a POST: a probe must not risk a billed create) for a
+        misrouted account whose pause ran out; the account stays paused until its answer."""
+        reader = getattr(self.creators.get(account), "read_status", None)
+        if not callable(reader):  # a creator without reads: one intent is the probe
+            episode.cleared = True
+            return
+        self._paused_until[account] = self._now() + IDLE_MAX_S
+        if not episode.probing:
+            episode.probing = True
+            self._spawn(self._probe_url(account, episode, reader))
+
+    async def _probe_url(self, account: str, episode: _CreateMisroute,
+                         reader: Callable[[str], Any]) -> None:
+        try:
+            answer = await reader(f"{PROBE_PREFIX}{uuid.uuid4().hex}")
+            if not isinstance(answer, HttpAnswer):
+                raise TypeError(type(answer).__name__)
+        except Exception as exc:  # the reader promises answers, not exceptions; be safe
+            answer = HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
+                                detail=type(exc).__name__)
+        finally:
+            episode.probing = False
+        self.stats.url_probes += 1
+        verdict = probe_verdict(answer)
+        if self._misroutes.get(account) is not episode:
+            pass  # a POST reached Sume meanwhile
+        elif verdict in (PROVIDER, KEY_REFUSED):  # a refused key is the POSTs' to report
+            episode.cleared = True
+            if not (self._auth_failures.get(account) or self._credit_failures.get(account)):
+                self._paused_until.pop(account, None)
+            log.info("account %r: Sume answers at the base URL again (a status read); "
+                     "submitting resumed after %.1fs, one intent first", account,
+                     self._now() - episode.since)
+        else:
+            episode.failures += 1
+            delay = auth_pause_delay(episode.failures, self.config.policy, self._rng)
+            self._paused_until[account] = self._now() + delay
+            log.debug("account %r: probe answered %s (%s); submitting still paused, next "
+                      "probe in %.1fs", account, answer.status or answer.transport_error,
+                      verdict, delay)
+        self._wake.set()
+        await self.signals.pulse()
+
+    def _create_answered(self, account: str, how: str) -> None:
+        """Sume answered a POST of the account: a pause for misrouted creates ends."""
+        episode = self._misroutes.pop(account, None)
+        if episode is None:
+            return
+        if not episode.cleared:  # never said at a probe (a creator without reads)
+            log.info("account %r: Sume answers at the base URL again (%s); submitting resumed "
+                     "after %.1fs", account, how, self._now() - episode.since)
+        self._wake.set()
+
     def _credit_paused(self, account: str) -> bool:
         """Paused because Sume reported no credits (not a refused key): the account's
         `unknown` intents still go out on their slow schedule, nothing else of it does."""
         return (self._credit_failures.get(account, 0) > 0
                 and not self._auth_failures.get(account)
+                and account not in self._misroutes
                 and self._paused_until.get(account, 0.0) > self._now())
 
     def _credit_paused_accounts(self) -> list[str]:
@@ -535,4 +688,5 @@ async def submit_now(store: IntentStore, creator: VideoCreator, config: Submitte
             await store.refund_tokens(account, "create", 1)
         return None
     submitter = Submitter(store, {account: creator}, config)
+    submitter._one_shot = True
     return await submitter.send(claimed[0], claimed_at)

@@ -29,6 +29,14 @@ def status_url(base_url: str, job_id: str, path: str = DEFAULT_STATUS_PATH) -> U
     return _job_url(_normal_base(base_url), job_id, path)
 
 
+def key_problem(api_key: str) -> str | None:
+    """Why `api_key` cannot go into an HTTP header (a control character, which aiohttp
+    refuses to write), else None. Never quotes the key."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in api_key):
+        return "it holds a control character (a pasted newline or escape?)"
+    return None
+
+
 def _normal_base(base_url: str) -> str:
     return str(URL(base_url)).rstrip("/")
 
@@ -46,6 +54,8 @@ class SumeClient:
         self.base_url = base_url
         self._base = _normal_base(base_url)  # parsed once: this runs on every read
         self._api_key = api_key
+        self.key_problem = key_problem(api_key)
+        """Why the key cannot be sent (then every call answers so without sending); None."""
         self._key_bytes = api_key.encode() if api_key else b""
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._max_connections = max_connections
@@ -59,10 +69,12 @@ class SumeClient:
     async def __aenter__(self) -> SumeClient:
         connector = aiohttp.TCPConnector(limit=self._max_connections,
                                          limit_per_host=self._max_connections)
+        headers = {"Accept": "application/json", "User-Agent": "vidpoll"}
+        if self.key_problem is None:
+            headers["Authorization"] = f"Bearer {self._api_key}"
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=self._timeout, raise_for_status=False,
-            headers={"Authorization": f"Bearer {self._api_key}",
-                     "Accept": "application/json", "User-Agent": "vidpoll"})
+            headers=headers)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
@@ -79,6 +91,10 @@ class SumeClient:
         """The status URL of `job_id` as logs and `vidpoll doctor` show it: scheme, host, port
         and path only (never credentials, a query string or the key, which is a header)."""
         return shown_url(str(_job_url(self._base, job_id, self._status_path)))
+
+    def shown_create_url(self) -> str:
+        """The create URL (POST) as logs show it: scheme, host, port and path only."""
+        return shown_url(self._base + self._create_path)
 
     async def read_status(self, job_id: str) -> HttpAnswer:
         """GET the job's status; every failure comes back as an HttpAnswer, never raised."""
@@ -100,6 +116,10 @@ class SumeClient:
 
     async def _call(self, method: str, url: URL, **kwargs: Any) -> HttpAnswer:
         assert self._session is not None, "use `async with SumeClient(...)`"
+        if self.key_problem is not None:
+            return HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
+                              detail=f"not sent: the API key cannot go into an HTTP header: "
+                                     f"{self.key_problem}")
         try:
             # no redirects: a redirect target may carry a signed query string, and an error
             # about it would put that URL into logs and last_error
@@ -127,6 +147,13 @@ class SumeClient:
         except (aiohttp.ClientError, OSError) as exc:
             return HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
                               detail=f"{type(exc).__name__}: {_short(exc)}")
+        except ValueError as exc:
+            # aiohttp refuses a header it cannot write (a control character: "Forbidden
+            # control character detected in headers"); its text is not shown, a header may be
+            # the key
+            return HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
+                              detail=f"not sent: a request header could not be written "
+                                     f"({type(exc).__name__}); check the API key's setting")
 
 
 def _scrub_body(body: bytes, api_key: bytes, status: int) -> bytes:

@@ -40,6 +40,7 @@ from vidpoll.models import (
 from vidpoll.policy import (
     IN_PROGRESS_STATUSES,
     KEY_REFUSED,
+    NOT_API_STREAK,
     PROVIDER,
     AuthPause,
     Budget,
@@ -50,7 +51,9 @@ from vidpoll.policy import (
     backoff_delay,
     decide,
     decide_result,
+    is_not_api,
     probe_verdict,
+    provider_error_code,
     server_pause_s,
 )
 from vidpoll.runner import (
@@ -132,6 +135,17 @@ class _Misroute:
     failures: int = 1
     """Answers in a row that were not the provider's: the pause grows with them."""
     probing: bool = False
+
+
+@dataclass
+class _NotApiStreak:
+    """One account's status reads in a row answered by a redirect or a 2xx that is no JSON
+    object (policy.is_not_api), none by the provider in between."""
+
+    count: int = 0
+    rows: set[str] = field(default_factory=set)
+    logged: bool = False
+    """The ERROR naming the URL was logged (once a streak)."""
 
 
 class LockedBatchLike(Protocol):
@@ -311,6 +325,9 @@ class Worker(Runner):
         their next such refusal is their own error (backoff), not a pause of the account."""
         self.url_probes = 0
         """Probe reads sent for misrouted accounts."""
+        self.misroute_pauses = 0
+        """Pauses begun for answers that were not the provider's (one per episode)."""
+        self._not_api: dict[str, _NotApiStreak] = {}
 
     # -- control --------------------------------------------------------------------------
     def stop(self) -> None:
@@ -360,12 +377,13 @@ class Worker(Runner):
             await self.signals.pulse()
             st = self.stats
             log.info("worker %s stopped: reads=%d finished=%d errors=%s fenced_out=%d "
-                     "claims=%d probes=%d notify_wakeups=%d empty_notify_wakeups=%d "
-                     "staggered=%d herd_skips=%d drained_sent=%d",
+                     "claims=%d probes=%d url_pauses=%d url_probes=%d notify_wakeups=%d "
+                     "empty_notify_wakeups=%d staggered=%d herd_skips=%d drained_sent=%d",
                      cfg.worker_id, st.reads, st.finished,
                      ",".join(f"{k}:{v}" for k, v in sorted(st.errors.items())) or "0",
                      st.fenced_out,
-                     st.claims, st.probes, st.notify_wakeups, st.empty_notify_wakeups,
+                     st.claims, st.probes, self.misroute_pauses, self.url_probes,
+                     st.notify_wakeups, st.empty_notify_wakeups,
                      st.staggered, st.herd_skips, st.drained_sent)
 
     # -- main loop --------------------------------------------------------------------------
@@ -770,6 +788,13 @@ class Worker(Runner):
             self._key_accepted(job.account, "polling")
         if decision.read_ok or decision.error_class is ErrorClass.NOT_FOUND:
             self._provider_answered(job.account, job.job_id)
+        if decision.read_ok:  # (first: a read that went well is parsed once, in decide)
+            if self._not_api:
+                self._not_api_ends(job.account)
+        elif is_not_api(answer):
+            self._not_api_answer(job, answer)
+        elif provider_error_code(answer.body) is not None:
+            self._not_api_ends(job.account)
         if decision.error_class is not None:
             self.stats.count_error(decision.error_class)
             # the first failure of a run is an event; the repeats are in the counters
@@ -808,6 +833,8 @@ class Worker(Runner):
         now = self._now()
         url = self._shown_url(account, job.job_id)
         self._misrouted[account] = _Misroute(url, now, {job.job_id})
+        self.misroute_pauses += 1
+        metrics.MISROUTE_PAUSES.labels(account, "poll").inc()
         delay = auth_pause_delay(1, self.config.policy, self._rng)
         self._paused_until[account] = max(self._paused_until.get(account, 0.0), now + delay)
         log.error("account %r: a status read got %s from %s, not the provider's error "
@@ -818,6 +845,37 @@ class Worker(Runner):
                   extra=event(job_id=job.job_id, account=account, outcome="misrouted",
                               http_status=pause.http_status))
         return True
+
+    def _not_api_answer(self, job: ClaimedJob, answer: HttpAnswer) -> None:
+        """A read answered by a redirect or a 2xx that is no JSON object: the row backs off on
+        its own (policy.decide); NOT_API_STREAK of them in a row for an account, none answered
+        by the provider, log one ERROR naming the URL. No pause: the provider itself may send
+        a broken body now and then, and that must never stop an account."""
+        streak = self._not_api.setdefault(job.account, _NotApiStreak())
+        streak.count += 1
+        if len(streak.rows) < MAX_SUSPECTS:
+            streak.rows.add(job.job_id)
+        if streak.logged or streak.count < NOT_API_STREAK:
+            return
+        streak.logged = True
+        status = answer.status
+        what = "a redirect" if status is not None and 300 <= status < 400 else (
+            "a body that is not a JSON object")
+        log.error("account %r: the last %d status reads (%d rows) were answered with %s, "
+                  "never by the provider (the last: HTTP %s from %s): the base URL is "
+                  "probably wrong (`vidpoll doctor` checks it). Polling goes on, each such row "
+                  "backing off on its own", job.account, streak.count, len(streak.rows), what,
+                  status, self._shown_url(job.account, job.job_id),
+                  extra=event(job_id=job.job_id, account=job.account, outcome="not_api",
+                              http_status=status))
+
+    def _not_api_ends(self, account: str) -> None:
+        """The provider answered one of the account's reads: a streak of answers that were
+        not the API's ends (said at INFO if it was logged)."""
+        streak = self._not_api.pop(account, None)
+        if streak is not None and streak.logged:
+            log.info("account %r: the provider answers status reads again after %d answers "
+                     "that were not its own", account, streak.count)
 
     def _probe(self, account: str) -> None:
         """Send one probe read for a misrouted account whose pause ran out (at most one at a

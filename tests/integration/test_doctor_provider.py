@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import json
 import socket
+from typing import Any
+
+import pytest
 
 from vidpoll import doctor
-from vidpoll.doctor import FAIL, OK
+from vidpoll.doctor import FAIL, OK, WARN
+from vidpoll.sume import SumeClient
 
 from ..conftest import API_KEY
 from .test_process import cli_env
@@ -74,3 +78,64 @@ async def test_doctor_command_fails_on_a_wrong_base_url_without_showing_the_key(
     assert API_KEY not in out + err
     code, out, err = await run_cli(cli_env(db_url, f"{fake_url}/wrong"), "doctor")
     assert code == 1 and API_KEY not in out + err  # the table (its columns fold long text)
+
+
+CONTROL_KEY = "sk-ab\x01cd-secret"
+"""A key with a control character (pasted with an escape): aiohttp refuses to write it."""
+
+
+async def test_doctor_reports_a_key_no_header_can_carry_and_never_crashes(fake, fake_url):
+    # the review: `ValueError: Forbidden control character` from aiohttp, and a traceback
+    findings = await doctor.check_providers(fake_url, {"acme": CONTROL_KEY, "default": API_KEY},
+                                            2.0)
+    by_check = {f.check: f for f in findings}
+    bad = by_check["provider: acme"]
+    assert bad.status == FAIL and "account 'acme'" in bad.detail, bad
+    assert "control character" in bad.detail and "SUME_API_KEY_ACME" in bad.fix
+    assert by_check["provider: default"].status == OK  # the other account is still checked
+    assert "ab\x01cd" not in repr(findings) and API_KEY not in repr(findings)
+    assert fake.auth_failures == 0  # nothing was sent with that key
+
+
+async def test_doctor_turns_one_accounts_exception_into_its_finding(fake, fake_url, monkeypatch):
+    real = doctor.SumeClient.read_status
+
+    async def read_status(self: Any, job_id: str) -> Any:
+        if self._api_key == "sk-boom-0123456789":
+            raise ValueError("header Authorization: Bearer sk-boom-0123456789 is bad")
+        return await real(self, job_id)
+
+    monkeypatch.setattr(doctor.SumeClient, "read_status", read_status)
+    findings = await doctor.check_providers(
+        fake_url, {"boom": "sk-boom-0123456789", "default": API_KEY}, 2.0)
+    by_check = {f.check: f for f in findings}
+    bad = by_check["provider: boom"]
+    assert bad.status == FAIL and "could not check account 'boom': ValueError" in bad.detail
+    assert "sk-boom" not in repr(findings), findings
+    assert by_check["provider: default"].status == OK
+
+
+async def test_a_header_aiohttp_refuses_is_a_transport_answer_not_an_exception(fake_url):
+    from yarl import URL
+    async with SumeClient(fake_url, API_KEY) as client:
+        answer = await client._call("GET", URL(f"{fake_url}/v1/jobs/x/status"),
+                                    headers={"X-Odd": "a\x01b"})
+    assert answer.status is None and answer.transport_error is not None
+    assert answer.detail.startswith("not sent: a request header could not be written")
+
+
+@pytest.mark.parametrize(("status", "raw", "content_type", "said"), [
+    (302, "", "text/plain", "a redirect"),
+    (200, "<!doctype html><html><body>Welcome</body></html>", "text/html", "an HTML page"),
+])
+async def test_doctor_warns_on_a_redirect_or_a_web_page(fake, fake_url, status, raw,
+                                                        content_type, said):
+    # the worker takes these for one row's error (a provider may send a broken body now and
+    # then) and names the URL after a streak of them; doctor warns, it does not fail
+    fake.config.front_answer = {"http": status, "raw": raw, "content_type": content_type,
+                                "headers": {"Location": "https://example.com/login"}
+                                if status == 302 else None}
+    [finding] = await doctor.check_providers(fake_url, {"default": API_KEY}, 2.0)
+    assert finding.status == WARN, finding
+    assert finding.detail.startswith(f"base URL is probably wrong: {fake_url}/v1/jobs/")
+    assert f"HTTP {status} ({said})" in finding.detail and "SUME_BASE_URL" in finding.fix

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -479,3 +480,21 @@ def test_the_intent_claim_uses_the_queue_index(db_url):
     assert "video_intents_account_queue_idx" in plan, plan
     assert "Seq Scan on video_intents" not in plan, plan
     assert "Seq Scan on video_jobs" not in plan, plan
+
+
+async def test_a_key_no_header_can_carry_is_one_clear_line_never_a_traceback(store, fake,
+                                                                           fake_url, caplog):
+    # the review: a 30-line traceback at ERROR from aiohttp's "Forbidden control character",
+    # then 'Sume did not confirm it (connection: ValueError)'
+    caplog.set_level(logging.INFO, logger="vidpoll")
+    await store.add_intent("k1", PROMPT)
+    key = "sk-ab\x01cd-secret"
+    async with SumeClient(fake_url, key, timeout_s=1.0) as client:
+        result = await submit_now(store, client, SubmitterConfig(
+            max_active=None, policy=FAST_POLICY, lease_s=5, http_timeout_s=1), "k1")
+    assert isinstance(result, SubmitOutcome) and result.state == QUEUED
+    assert result.error is not None and "not sent: the API key" in result.error
+    assert "control character" in result.error
+    assert not [r for r in caplog.records if r.exc_info], caplog.text
+    assert "Traceback" not in caplog.text and "ab\x01cd" not in caplog.text
+    assert fake.creates == 0 and fake.auth_failures == 0

@@ -18,6 +18,7 @@ from vidpoll.models import (
     QUEUED,
     REJECTED,
     SUBMITTED,
+    UNKNOWN,
     ClaimedIntent,
     ErrorClass,
     HttpAnswer,
@@ -25,6 +26,7 @@ from vidpoll.models import (
 )
 from vidpoll.policy import (
     AuthPause,
+    MisroutedCreate,
     PollPolicy,
     created_job_id,
     decide_submit,
@@ -84,10 +86,7 @@ def test_a_2xx_without_a_usable_job_id_is_an_unknown_outcome(body):
                  id="409"),
     pytest.param(HttpAnswer(429, envelope("rate_limit_exceeded")), ErrorClass.RATE_LIMITED,
                  id="429"),
-    pytest.param(HttpAnswer(404, b"404: Not Found"), ErrorClass.CLIENT_ERROR,
-                 id="404-not-sume"),
-    pytest.param(HttpAnswer(400, b"<html>proxy</html>"), ErrorClass.CLIENT_ERROR,
-                 id="400-not-sume"),
+    pytest.param(HttpAnswer(425, b""), ErrorClass.CLIENT_ERROR, id="425-not-sume"),
     pytest.param(HttpAnswer(302, b""), ErrorClass.CLIENT_ERROR, id="302"),
 ])
 def test_unknown_outcomes_keep_the_intent_queued_with_backoff(answer, cls):
@@ -129,6 +128,25 @@ def test_auth_failures_pause_and_never_reject(status):
     assert "sk-abc" not in out.detail
 
 
+@pytest.mark.parametrize(("answer", "kind"), [
+    pytest.param(HttpAnswer(404, b"404: Not Found"), "plain text", id="404-wrong-path"),
+    pytest.param(HttpAnswer(400, b"<html>proxy</html>"), "an HTML page", id="400-proxy"),
+    pytest.param(HttpAnswer(405, b""), "an empty body", id="405"),
+    pytest.param(HttpAnswer(404, b'{"detail": "Not Found"}'), "JSON without an error envelope",
+                 id="404-framework-json"),
+])
+@pytest.mark.parametrize("state", [QUEUED, UNKNOWN])
+def test_a_4xx_without_sumes_envelope_pauses_and_records_nothing(answer, kind, state):
+    # a wrong URL or a proxy: the request never reached Sume's create; the account's
+    # submitting pauses (a status read probes it), the intent is given back untouched: no
+    # attempt counted, no unknown outcome recorded (issue 17)
+    claimed = ClaimedIntent("k-1", uuid.uuid4(), {"prompt": "x"}, attempts=1,
+                            consecutive_errors=0, state=state, outcome_unknown=state == UNKNOWN)
+    out = decide_submit(claimed, answer, NOW, POLICY, random.Random(1))
+    assert isinstance(out, MisroutedCreate) and isinstance(out, AuthPause)
+    assert out.http_status == answer.status and out.detail == f"HTTP {answer.status} ({kind})"
+
+
 def test_created_job_id_ignores_non_objects():
     assert created_job_id(None) is None
     assert created_job_id({"data": "x"}) is None
@@ -143,6 +161,8 @@ def test_any_answer_is_classified(body, status):
             assert 200 <= status < 300 and out.job_id
         if out.state == REJECTED:
             assert 400 <= status < 500 and status not in (401, 403, 408, 409, 429)
+    elif isinstance(out, MisroutedCreate):
+        assert 400 <= status < 500 and status not in (401, 403, 408, 409, 425, 429)
     else:
         assert status in (401, 403)
 

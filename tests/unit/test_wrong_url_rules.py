@@ -128,8 +128,11 @@ def test_a_refused_key_stays_a_refused_key(status: int, body: bytes) -> None:
     (HttpAnswer(404, b"404: Not Found"), "misrouted"),
     (HttpAnswer(404, NGINX_404), "misrouted"),
     (HttpAnswer(400, js({"detail": "Bad Request"})), "misrouted"),
-    (HttpAnswer(200, b"<!doctype html><html>a web site</html>"), "misrouted"),
-    (HttpAnswer(301, b""), "misrouted"),
+    # a redirect or a page that is no JSON: probably not the API, but the provider itself may
+    # send a broken body now and then, so it is a warning and no pause (is_not_api)
+    (HttpAnswer(200, b"<!doctype html><html>a web site</html>"), "not_api"),
+    (HttpAnswer(301, b""), "not_api"),
+    (HttpAnswer(200, b'["a", "list"]'), "not_api"),
     (HttpAnswer(None, transport_error=ErrorClass.CONNECTION, detail="refused"), "no_answer"),
     (HttpAnswer(None, transport_error=ErrorClass.TIMEOUT, detail="no answer"), "no_answer"),
     (HttpAnswer(502, b"<html>Bad Gateway</html>"), "unsure"),
@@ -144,3 +147,35 @@ def test_the_url_shown_for_a_status_read_has_no_credentials_query_or_key() -> No
     shown = client.shown_status_url("a b?c/d")
     assert shown == "https://api.example.com/wrong/v1/jobs/a%20b%3Fc%2Fd/status"
     assert "sk-secret-key" not in shown and "pw" not in shown
+
+
+@pytest.mark.parametrize(("answer", "not_api"), [
+    (HttpAnswer(302, b""), True),
+    (HttpAnswer(200, b"<html>a web site</html>"), True),
+    (HttpAnswer(200, b""), True),
+    (HttpAnswer(200, js({"sume_status": 3})), False),  # JSON from the provider, odd shape
+    (HttpAnswer(404, b"404: Not Found"), False),  # misrouted: a pause, not a streak
+    (HttpAnswer(502, b"<html>Bad Gateway</html>"), False),
+    (HttpAnswer(None, transport_error=ErrorClass.TIMEOUT), False),
+])
+def test_is_not_api(answer: HttpAnswer, not_api: bool) -> None:
+    assert policy.is_not_api(answer) is not_api
+    # decide keeps such answers one row's error with backoff (never a pause, never not_found)
+    if not_api:
+        result = decide(job(), answer, NOW, POLICY, random.Random(0))
+        assert isinstance(result, Outcome) and result.state == PENDING and not result.read_ok
+
+
+def test_the_create_url_shown_has_no_credentials_query_or_key() -> None:
+    client = SumeClient("https://user:pw@api.example.com/wrong/", "sk-secret-key")
+    assert client.shown_create_url() == "https://api.example.com/wrong/v1/videos"
+
+
+@pytest.mark.parametrize("key", ["sk-ab\x01cd", "sk-ab\ncd", "sk-ab\x7fcd", "sk-ab\tcd"])
+async def test_a_key_no_header_can_carry_is_never_sent_nor_raised(key: str) -> None:
+    async with SumeClient("http://127.0.0.1:9", key) as client:
+        assert client.key_problem is not None
+        for answer in (await client.read_status("j"),
+                       await client.create_video({"prompt": "x"}, "k-1")):
+            assert answer.status is None and answer.transport_error is ErrorClass.CONNECTION
+            assert answer.detail.startswith("not sent: the API key") and key not in answer.detail
