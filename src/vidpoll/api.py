@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -103,6 +104,37 @@ def config_refusal(result: SubmitOutcome | AuthPause | None) -> str | None:
     return None
 
 
+_CANNOT_CONNECT = re.compile(r"Cannot connect to host (\S+) ssl:\S+ \[(.*)\]")
+_EXCEPTION_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): ")
+
+
+def for_people(error: str) -> str:
+    """A recorded attempt's error (`connection: ClientConnectorError: Cannot connect to host
+    h:1 ssl:default [Connect call failed ('h', 1)]`) as a person reads it (`could not connect
+    to h:1 (connection refused)`): no exception class names, no Python reprs."""
+    kind, sep, detail = error.partition(": ")
+    if not sep:
+        kind, detail = "", error
+    match = _CANNOT_CONNECT.search(detail)
+    if match:
+        where, why = match.group(1), match.group(2).lower()
+        if "dns" in detail.lower() or "name" in why or "nodename" in why:
+            reason = "its host name could not be resolved"
+        elif "refused" in why or "connect call failed" in why:
+            reason = "connection refused"
+        elif "unreachable" in why:
+            reason = "network unreachable"
+        elif "timed out" in why or "timeout" in why:
+            reason = "timed out"
+        else:
+            reason = "connection failed"
+        return f"could not connect to {where} ({reason})"
+    detail = _EXCEPTION_PREFIX.sub("", detail).strip()
+    if kind == "connection":
+        return f"connection failed: {detail}" if detail else "connection failed"
+    return f"{kind}: {detail}" if kind and detail else detail or kind
+
+
 def no_worker_notice(what: str, account: str, role: str) -> str:
     """The line wait() gives when no worker serves `account`."""
     does = "polls jobs" if role == POLLS else "sends intents"
@@ -118,6 +150,8 @@ class Vidpoll:
         self.settings = settings
         self.wait_reads = 0
         """Rows read by wait() so far (LISTEN is always in place before the first)."""
+        self.worker_checks = 0
+        """Looks wait() took at who serves an account (each one told what it found)."""
 
     @classmethod
     async def open(cls, database_url: str | None = None, *,
@@ -246,7 +280,8 @@ class Vidpoll:
                           cap: int | None) -> str:
         later = "a running `vidpoll worker` sends it with the same key"
         if isinstance(result, SubmitOutcome):
-            return (f"Sume did not confirm it ({result.error}); {later} in about "
+            return (f"Sume did not confirm it: {for_people(result.error or 'no answer')}; "
+                    f"{later} in about "
                     f"{result.delay_s:.0f}s, so at most one clip is billed")
         intent = await self.store.get_intent(key)
         account = intent.account if intent is not None else DEFAULT_ACCOUNT
@@ -344,7 +379,7 @@ class Vidpoll:
             listening.set()
 
         listener = asyncio.create_task(listen())
-        watch = _WorkerWatch(self.store, tell)
+        watch = _WorkerWatch(self, tell)
         try:
             async with asyncio.timeout(timeout):
                 # LISTEN first, then read: a change between the two is never missed
@@ -395,8 +430,8 @@ class _WorkerWatch:
     """wait()'s look at who serves an account, at most every WORKER_CHECK_S: tells once when
     none does, and again only after one was back."""
 
-    def __init__(self, store: PgStore, tell: Callable[[str], None]) -> None:
-        self.store = store
+    def __init__(self, vp: Vidpoll, tell: Callable[[str], None]) -> None:
+        self.vp = vp
         self.tell = tell
         self.checked_at: float | None = None
         self.absent = False
@@ -406,11 +441,14 @@ class _WorkerWatch:
         if self.checked_at is not None and now - self.checked_at < WORKER_CHECK_S:
             return
         self.checked_at = now
-        served = await self.store.serving(account, role)
-        if served is None:
-            return  # cannot tell: say nothing
-        if not served and not self.absent:
-            self.tell(no_worker_notice(what, account, role))
-        elif served and self.absent:
-            log.info("a worker serving account %r is connected now", account)
-        self.absent = not served
+        served = await self.vp.store.serving(account, role)
+        try:
+            if served is None:
+                return  # cannot tell: say nothing
+            if not served and not self.absent:
+                self.tell(no_worker_notice(what, account, role))
+            elif served and self.absent:
+                log.info("a worker serving account %r is connected now", account)
+            self.absent = not served
+        finally:
+            self.vp.worker_checks += 1

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import fields
@@ -61,7 +62,7 @@ from vidpoll.fake_sume import (
     start_fake,
 )
 from vidpoll.media import media_urls, without_signatures
-from vidpoll.models import DOWNLOAD, SUCCESS_STATES, ClaimMode, Intent
+from vidpoll.models import DOWNLOAD, QUEUED, SUCCESS_STATES, ClaimMode, Intent
 from vidpoll.runner import SHUTDOWN_TIMEOUT_S, default_worker_id
 from vidpoll.sql import migrations
 from vidpoll.store import (
@@ -104,6 +105,8 @@ def _stderr(text: str) -> None:
     level, sep, rest = text.partition(": ")
     if not sep or level not in ("error", "warning", "note"):
         level, rest = "info", text
+    if logs.json_format():  # a JSON line names its logger: no "vidpoll: " before the text
+        rest = rest.removeprefix("vidpoll: ")
     click.echo(logs.say(level, rest, "vidpoll.cli"), err=True)
 
 
@@ -116,6 +119,10 @@ class _Main(click.Group):
         if kwargs.get("standalone_mode", True) is False:
             return super().main(*args, **kwargs)
         kwargs["standalone_mode"] = False
+        # an error found before `main` runs (an unknown option or command) is said in the
+        # format asked for, as every later line is
+        argv = kwargs.get("args") or (args[0] if args else None)
+        logs.console(_early_format(sys.argv[1:] if argv is None else list(argv)))
         try:
             code = super().main(*args, **kwargs)
         except click.ClickException as exc:
@@ -130,6 +137,21 @@ class _Main(click.Group):
             _stderr("error: aborted")
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _early_format(argv: list[str]) -> str:
+    """The log format the command line asks for (--log-format before the command, else
+    VIDPOLL_LOG_FORMAT), read before click parses it."""
+    fmt = os.environ.get("VIDPOLL_LOG_FORMAT", "text")
+    at = 0
+    while at < len(argv) and argv[at].startswith("-"):
+        name, eq, value = argv[at].partition("=")
+        if name in ("--log-format", "--log-level") and not eq:
+            value, at = (argv[at + 1] if at + 1 < len(argv) else ""), at + 1
+        if name == "--log-format":
+            fmt = value
+        at += 1
+    return "json" if fmt == "json" else "text"
 
 
 def _version() -> str:
@@ -377,7 +399,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
 
                     server, url = await _listening(
                         start_server(metrics_app(store), metrics_host, metrics_port),
-                        metrics_host, metrics_port, "--metrics-port")
+                        metrics_host, metrics_port, "--metrics-port", "--metrics-host")
                     stack.push_async_callback(server.cleanup)
                     log.info("metrics on %s/metrics", url)
                 clients = {a: await stack.enter_async_context(SumeClient(
@@ -492,16 +514,22 @@ def _n(count: int, one: str, many: str | None = None) -> str:
     return f"{count} {one if count == 1 else many or one + 's'}"
 
 
-async def _listening(start: Awaitable[T], host: str, port: int, flag: str) -> T:
-    """Await a server's start; a port that cannot be had is a setting to fix (exit 2)."""
+async def _listening(start: Awaitable[T], host: str, port: int, flag: str,
+                     host_flag: str = "--host") -> T:
+    """Await a server's start; a port or host that cannot be had is a setting to fix (exit 2):
+    the line names the flag to change (`flag` for the port, `host_flag` for the host)."""
     try:
         return await start
     except OSError as exc:
+        number = exc.errno or 0
+        if isinstance(exc, socket.gaierror) or number == errno.EADDRNOTAVAIL:
+            why = ("is not an address of this machine" if number == errno.EADDRNOTAVAIL
+                   else "is not a name or address this machine can resolve")
+            raise ConfigError(f"{host} {why}; choose another with {host_flag}") from None
         why = {errno.EADDRINUSE: "is already in use (another vidpoll serve, fake-sume or "
                                  "worker --metrics-port?)",
-               errno.EACCES: "needs privileges this user lacks (a port below 1024?)",
-               errno.EADDRNOTAVAIL: "is not on an address of this machine"}.get(
-                   exc.errno or 0, f"cannot be listened on ({exc.strerror or exc})")
+               errno.EACCES: "needs privileges this user lacks (a port below 1024?)"}.get(
+                   number, f"cannot be listened on ({exc.strerror or type(exc).__name__})")
         raise ConfigError(f"{host}:{port} {why}; choose another with {flag}") from None
 
 
@@ -631,7 +659,12 @@ def jobs_add(job_ids: tuple[str, ...], delay: float, account: str) -> None:
 @click.argument("job_id")
 def jobs_resume(job_id: str) -> None:
     """Put a gave_up or not_found job back to polling now (a pending one: as poll-now)."""
-    done = _on_store(lambda store: store.resume(job_id))
+    async def resume(store: PgStore) -> str | None:
+        nonlocal job_id
+        job_id = await whole_id(store, job_id)
+        return await store.resume(job_id)
+
+    done = _on_store(resume)
     if done is None:
         _stderr(f"error: no job {job_id!r} in a resumable state "
                    "(gave_up, not_found; a pending one is polled now)")
@@ -650,6 +683,8 @@ def jobs_show(job_id: str, as_json: bool) -> None:
     their query string), its deliveries and its history. Archived (pruned) jobs too."""
 
     async def collect(store: PgStore) -> dict[str, Any] | None:
+        nonlocal job_id
+        job_id = await whole_id(store, job_id)
         row = await store.get_job(job_id)
         archived = row is None
         if row is None:
@@ -770,14 +805,20 @@ def jobs_watch(job_id: str, timeout: float | None) -> None:
     settings = _settings()
 
     async def go() -> tuple[str | None, str | None]:
+        nonlocal job_id
         async with await Vidpoll.open(settings=settings) as vp:
+            job_id = await whole_id(vp.store, job_id)
             try:
                 return (await vp.wait(job_id, timeout=timeout,
                                       on_no_worker=_warn_line)).state, None
             except TimeoutError as exc:
                 return None, str(exc)
 
-    final, timed_out = _run(go())
+    try:
+        final, timed_out = _run(go())
+    except KeyboardInterrupt:
+        _stderr(f"stopped watching {job_id} (it goes on)")
+        sys.exit(128 + signal.SIGINT)
     if final is None:
         _stderr(f"error: {timed_out}")
         sys.exit(EXIT_WAIT_TIMEOUT)
@@ -916,6 +957,23 @@ _ORDER_WORDS = {"newest": "newest first", "oldest": "oldest first", "due": "soon
 SHORT_ID_HEAD, SHORT_ID_TAIL = 8, 4
 
 
+async def whole_id(store: PgStore, job_id: str) -> str:
+    """`job_id`, or the one job id the shortened form `jobs list` prints (`abcdefgh…wxyz`)
+    stands for; a LookupError (exit 1) when it stands for none or several."""
+    head, sep, tail = job_id.partition("…")
+    if not sep or len(head) != SHORT_ID_HEAD or len(tail) != SHORT_ID_TAIL:
+        return job_id
+    found = await store.jobs_by_short_id(head, tail)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise LookupError(f"no job {job_id!r}: no job id starts with {head!r} and ends with "
+                          f"{tail!r}")
+    raise LookupError(f"{job_id!r} is ambiguous: it shortens {found[0]}, {found[1]}"
+                      f"{' and more' if len(found) > 2 else ''}; give the whole id "
+                      "(`vidpoll jobs list --json` has it)")
+
+
 def short_id(job_id: str) -> str:
     """A job id shortened for a table: its first 8 and last 4 characters (ids of 13 or fewer
     characters whole). `jobs show` and --json take and give the whole id."""
@@ -942,7 +1000,12 @@ def _since(at: datetime | None, now: datetime) -> str:
 @click.argument("job_id")
 def jobs_poll_now(job_id: str) -> None:
     """Make a pending job due now (a worker reads it within a second when listening)."""
-    made_due = _on_store(lambda store: store.poll_now(job_id))
+    async def poll_now(store: PgStore) -> bool | None:
+        nonlocal job_id
+        job_id = await whole_id(store, job_id)
+        return await store.poll_now(job_id)
+
+    made_due = _on_store(poll_now)
     if made_due is None:
         _stderr(f"error: no pending job {job_id!r} (`vidpoll jobs resume` revives a "
                    "gave_up / not_found one)")
@@ -1175,6 +1238,7 @@ def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, ke
     rejected the request; 2 for a setting; 3 when PostgreSQL is unreachable.
     """
     settings = _settings()
+    _quiet("vidpoll.submitter")  # its INFO line would repeat what submit says itself
     if bulk_file is not None:
         if prompt or params or json_source or key or wait_ or max_active or as_json:
             raise click.UsageError("--file takes no --prompt/--param/--json/--key/--wait/"
@@ -1198,9 +1262,15 @@ def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, ke
             if sub.new:
                 # said at once: if anything fails from here on, this key is how to try again
                 _stderr(f"recorded intent {sub.key}")
-                if not queue_only:
-                    sent = await vp.send(sub.key)
-                    sub = Submission(sent.intent, True, sent.reason, sent.refused)
+            if not queue_only and sub.intent.state == QUEUED:
+                if not sub.new:
+                    # the same key again, still queued (a refused key or URL, a lost
+                    # answer): tried now, so the exit code says what Sume says today. Made
+                    # due only if no one holds it, then sent through the same claim as
+                    # any send: never two POSTs at once
+                    await vp.store.requeue_intents([sub.key])
+                sent = await vp.send(sub.key)
+                sub = Submission(sent.intent, sub.new, sent.reason, sent.refused)
             sub = await vp.explained(sub)
             _report_submission(sub, as_json)
             if not wait_ or sub.refused:
@@ -1229,6 +1299,19 @@ def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, ke
             sys.exit(EXIT_NOT_COMPLETED)
 
 
+def _quiet(logger: str) -> None:
+    """`logger` logs warnings and errors only, unless --log-level was given: the command's
+    own lines say what happened."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    if root is None or root.get_parameter_source("log_level") in (None, ParameterSource.DEFAULT):
+        quieted = logging.getLogger(logger)
+        before = quieted.level
+        quieted.setLevel(logging.WARNING)
+        if ctx is not None:  # as it was once the command ends (tests run several in-process)
+            ctx.call_on_close(lambda: quieted.setLevel(before))
+
+
 def _warn_line(line: str) -> None:
     _stderr(f"warning: {line}")
 
@@ -1248,8 +1331,8 @@ def _payload(prompt: str | None, params: tuple[str, ...], json_source: Any) -> d
     for text in params:
         try:
             name, value = parse_param(text)
-        except InvalidIntent as exc:
-            raise click.BadParameter(str(exc), param_hint="--param") from None
+        except InvalidIntent as exc:  # its text names --param already
+            raise click.UsageError(str(exc)) from None
         payload[name] = value
     if not payload:
         raise click.UsageError("nothing to submit: give --prompt, --param, --json or --file")
@@ -1473,9 +1556,6 @@ def serve_cmd(host: str, port: int) -> None:
                    "characters; use a long random one (python -c 'import secrets; "
                    "print(secrets.token_urlsafe(24))')")
         sys.exit(2)
-    if not settings.webhook_secret:
-        _stderr("warning: SUME_WEBHOOK_SECRET is not set; /webhooks/sume answers 503")
-
     async def go() -> None:
         store = await _open_store(settings)
         try:
@@ -1484,6 +1564,10 @@ def serve_cmd(host: str, port: int) -> None:
                          dashboard_token=settings.dashboard_token or None,
                          loopback_only=loopback and not settings.dashboard_token),
                 host, port), host, port, "--port")
+            # said once the settings, the database and the port are known good: a command
+            # that cannot start says one line, its error
+            if not settings.webhook_secret:
+                _stderr("warning: SUME_WEBHOOK_SECRET is not set; /webhooks/sume answers 503")
             _stderr(f"vidpoll serving on {url} (dashboard at /, metrics at /metrics)")
             await _until_signalled()
             await runner.cleanup()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,35 +84,61 @@ def loopback_hostname(host: str) -> bool:
         return False
 
 
+def _shape(url: str) -> str:
+    """A URL's scheme, host, port and path (never its query, fragment or credentials)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return f"{parts.scheme}://{host}{parts.path}"
+
+
+def check_text(env: Mapping[str, str], name: str) -> str:
+    """The variable's value without surrounding whitespace, or a ConfigError naming it (never
+    its value: it may be a secret) if a control character or a space is left inside (a key
+    pasted with its line break, a tab): it would be sent as typed, and refused."""
+    value = env.get(name, "").strip()
+    if any(ch.isspace() or unicodedata.category(ch).startswith("C") for ch in value):
+        raise ConfigError(f"{name} holds a control character or a space (not shown: it may "
+                          "be a secret); set it to the bare value, on one line")
+    return value
+
+
 def check_base_url(base: str, allow_insecure_http: bool = False) -> str:
-    """`base` if it is a usable Sume base URL, else a ConfigError saying why.
+    """`base` if it is a usable Sume base URL, else a ConfigError saying why (showing at most
+    its scheme, host, port and path: never a query string or credentials).
 
     Plain http:// sends the API key (and reads answers) in clear text, so it is refused for
     any host but loopback (the fake Sume, the demo and tests) unless explicitly allowed."""
-    shown = re.sub(r"//[^/@]*@", "//<credentials>@", base)  # errors never echo a password
+    like = "like https:// then the host and path, e.g. https://api.sume.com"
     if not base.startswith(("http://", "https://")):
-        raise ConfigError(f"SUME_BASE_URL={shown!r} must start with http:// or https://")
+        raise ConfigError(f"SUME_BASE_URL must start with http:// or https:// ({like})")
     try:
         parts = urlsplit(base)
         host = parts.hostname or ""
         parts.port  # noqa: B018  (raises ValueError on a bad port)
-    except ValueError:
-        raise ConfigError(f"SUME_BASE_URL={shown!r} is not a valid URL") from None
+    except ValueError as exc:
+        why = ("its [IPv6] host is not closed with ]" if "IPv6" in str(exc) else
+               "its port is not a number from 0 to 65535")
+        raise ConfigError(f"SUME_BASE_URL is not a valid URL: {why} (not shown)") from None
     if not host:
-        raise ConfigError(f"SUME_BASE_URL={shown!r} has no host")
+        raise ConfigError(f"SUME_BASE_URL has no host ({like})")
     if base.startswith("http://") and not loopback_hostname(host) and not allow_insecure_http:
         raise ConfigError(
-            f"SUME_BASE_URL={shown!r} is plain http:// to {host!r}, which is not loopback: the "
-            f"API key would cross the network in clear text. Use https://, or set "
-            f"{ALLOW_INSECURE_HTTP_VARIABLE}=1 if a trusted network really needs it")
+            f"SUME_BASE_URL {_shape(base)} is plain http:// to {host!r}, which is not "
+            f"loopback: the API key would cross the network in clear text. Use https://, or "
+            f"set {ALLOW_INSECURE_HTTP_VARIABLE}=1 if a trusted network really needs it")
     # the client sends the key as a Bearer header; credentials in the URL would clash with it
     # (aiohttp refuses both at once), and a query or fragment would be dropped or misplaced
     if "@" in parts.netloc:  # not echoed: it may hold a password
         raise ConfigError("SUME_BASE_URL must not carry credentials (user:password@); the "
                           "API key goes in SUME_API_KEY")
     if "\\" in base or parts.query or parts.fragment:
-        raise ConfigError(f"SUME_BASE_URL must be scheme://host[:port][/path], without "
-                          f"backslashes, query or fragment; got {shown!r}")
+        what = ("a backslash" if "\\" in base else "a query string (?...)" if parts.query
+                else "a fragment (#...)")
+        raise ConfigError(f"SUME_BASE_URL must be a scheme, a host, an optional port and an "
+                          f"optional path, without {what} (not shown); {like}")
     return base
 
 
@@ -204,7 +230,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read DATABASE_URL, SUME_*, VIDPOLL_* (see README for the list)."""
         env = os.environ if env is None else env
-        base = check_base_url(env.get("SUME_BASE_URL", "").strip() or DEFAULT_SUME_BASE_URL,
+        base = check_base_url(check_text(env, "SUME_BASE_URL") or DEFAULT_SUME_BASE_URL,
                               _on_off(env, ALLOW_INSECURE_HTTP_VARIABLE, False))
         home = env.get("VIDPOLL_HOME", "").strip()
         policy = PollPolicy(
@@ -222,7 +248,7 @@ class Settings:
         return cls(
             database_url=env.get("DATABASE_URL", "").strip() or None,
             sume_base_url=base,
-            sume_api_key=env.get("SUME_API_KEY", "").strip(),
+            sume_api_key=check_text(env, "SUME_API_KEY"),
             http_timeout_s=_float(env, "VIDPOLL_HTTP_TIMEOUT", DEFAULT_HTTP_TIMEOUT_S,
                                   minimum=0.1),
             home=Path(home) if home else default_home(),
@@ -233,9 +259,9 @@ class Settings:
             status_rates=_rates(env, "VIDPOLL_STATUS_RATE_PER_MIN", keys),
             submit_rates=_rates(env, "VIDPOLL_SUBMIT_RATE_PER_MIN", keys),
             rate_burst=_float(env, "VIDPOLL_RATE_BURST", 0.0, minimum=1.0) or None,
-            webhook_secret=env.get("SUME_WEBHOOK_SECRET", "").strip(),
+            webhook_secret=check_text(env, "SUME_WEBHOOK_SECRET"),
             webhook_tolerance_s=tolerance,
-            dashboard_token=env.get("VIDPOLL_DASHBOARD_TOKEN", "").strip(),
+            dashboard_token=check_text(env, "VIDPOLL_DASHBOARD_TOKEN"),
             prepared_statements=_on_off(env, "VIDPOLL_DB_PREPARE", True),
             embedded=embedded_allowed(env),
             events_retention_s=_retention(env, "VIDPOLL_EVENTS_RETENTION",
@@ -271,7 +297,7 @@ def key_variable(account: str) -> str:
 
 def _account_keys(env: Mapping[str, str]) -> dict[str, str]:
     keys: dict[str, str] = {}
-    default = env.get("SUME_API_KEY", "").strip()
+    default = check_text(env, "SUME_API_KEY")
     if default:
         keys[DEFAULT_ACCOUNT] = default
     for name, value in env.items():
@@ -281,7 +307,7 @@ def _account_keys(env: Mapping[str, str]) -> dict[str, str]:
                 validate_account(account)
             except InvalidIntent as exc:
                 raise ConfigError(f"{name}: {exc}") from None
-            keys[account] = value.strip()
+            keys[account] = check_text(env, name)
     return keys
 
 

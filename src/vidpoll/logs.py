@@ -38,20 +38,56 @@ def event(**fields: Any) -> dict[str, Any]:
     return {f"vp_{k}": v for k, v in fields.items() if v is not None}
 
 
+MIN_SECRET = 3
+"""Secrets at least this long are redacted wherever they appear; a shorter database password
+is redacted where it stands as a word of its own (replacing every 'a' would garble every line
+and hide nothing)."""
+
+
 def secrets_from_env(env: Mapping[str, str] | None = None) -> list[str]:
-    """The values that must never be logged, as this process knows them."""
+    """The values that must never be logged, as this process knows them (at least MIN_SECRET
+    characters; `short_secrets_from_env` has the database's shorter ones)."""
+    found = [v for v in _env_secrets(env) if len(v) >= MIN_SECRET]
+    return sorted(set(found), key=len, reverse=True)  # longest first: no partial leftovers
+
+
+def short_secrets_from_env(env: Mapping[str, str] | None = None) -> list[str]:
+    """The database passwords (DATABASE_URL, PGPASSWORD) shorter than MIN_SECRET: redacted
+    as whole words only."""
+    env = os.environ if env is None else env
+    found = [*database_passwords(env.get("DATABASE_URL", "")), env.get("PGPASSWORD", "")]
+    return sorted({v for v in found if 0 < len(v) < MIN_SECRET}, key=len, reverse=True)
+
+
+def _env_secrets(env: Mapping[str, str] | None) -> list[str]:
     env = os.environ if env is None else env
     found = [v.strip() for k, v in env.items()
              if k == "SUME_API_KEY" or k.startswith("SUME_API_KEY_") or k in SECRET_VARIABLES]
-    found += database_passwords(env.get("DATABASE_URL", ""))
-    found = [v for v in found if len(v) >= 4]
-    return sorted(set(found), key=len, reverse=True)  # longest first: no partial leftovers
+    found += [v for k, v in env.items() if k == "PGPASSWORD"]  # as given, spaces included
+    return found + database_passwords(env.get("DATABASE_URL", ""))
+
+
+def _unquoted(text: str) -> list[str]:
+    """`text`, and `text` without one pair of surrounding quotes (as docker --env-file and
+    some .env readers keep them): a password is looked for in both."""
+    forms = [text]
+    while len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        text = text[1:-1].strip()
+        forms.append(text)
+    return forms
 
 
 def database_passwords(url: str) -> list[str]:
     """The password in a libpq URL or conninfo string, as written and decoded (an error may
-    quote either)."""
-    url = url.strip()
+    quote either), the string in quotes or not."""
+    found: set[str] = set()
+    for form in _unquoted(url.strip()):
+        found |= _passwords(form)
+    found |= {unquote(p) for p in found}
+    return sorted(p for p in found if p)
+
+
+def _passwords(url: str) -> set[str]:
     found: set[str] = set()
     if "://" in url:
         try:
@@ -73,21 +109,25 @@ def database_passwords(url: str) -> list[str]:
              else None if "://" in url or "=" in url else _LOOSE_PASSWORD.match(url))
     if loose and loose.group(1):
         found.add(loose.group(1))
-    found |= {unquote(p) for p in found}
-    return sorted(p for p in found if p)
+    return found
 
 
 class Redactor:
-    """Removes secrets, Bearer tokens and URL query strings from text."""
+    """Removes secrets, Bearer tokens and URL query strings from text; `words` (short
+    secrets) only where they stand alone, not inside a longer word."""
 
-    def __init__(self, secrets: Iterable[str]) -> None:
+    def __init__(self, secrets: Iterable[str], words: Iterable[str] = ()) -> None:
         self.secrets = [s for s in secrets if s]
+        self.short = sorted({w for w in words if w}, key=len, reverse=True)
+        self.words = [re.compile(rf"(?<![^\W_]){re.escape(w)}(?![^\W_])") for w in self.short]
 
     def __call__(self, text: str) -> str:
         # URLs first: a secret inside a query string goes with it, whole
         text = _BEARER.sub(r"\1<redacted>", redact_urls(text))
         for secret in self.secrets:
             text = text.replace(secret, "<redacted>")
+        for word in self.words:
+            text = word.sub("<redacted>", text)
         return text
 
 
@@ -144,8 +184,8 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
 
 
 _console: dict[str, Any] = {"json": False, "redact": Redactor([])}
-SAY_MIN_SECRET = 8
-"""say() redacts the secrets of this process that are at least this long."""
+SAY_MIN_TOKEN = 8
+"""say() redacts the dashboard token only when at least this long (see setup)."""
 
 
 def say(level: str, message: str, logger: str = "vidpoll") -> str:
@@ -162,13 +202,31 @@ def say(level: str, message: str, logger: str = "vidpoll") -> str:
                       ensure_ascii=False)
 
 
+def json_format() -> bool:
+    """Whether say() writes JSON lines."""
+    return bool(_console["json"])
+
+
+def console(fmt: str, redactor: Redactor | None = None) -> None:
+    """say()'s format and redaction (setup() calls it; the CLI calls it alone for an error
+    found before its options are read)."""
+    if redactor is None:
+        redactor = Redactor(secrets_from_env(), short_secrets_from_env())
+    # a command's own lines never quote a secret on purpose; a short dashboard token (refused
+    # as too short) would only blank out ordinary words ("<redacted>er than 16"). Every other
+    # secret, the database password above all, is redacted at any length.
+    token = os.environ.get("VIDPOLL_DASHBOARD_TOKEN", "").strip()
+    exempt = token if len(token) < SAY_MIN_TOKEN else None
+    _console.update(json=fmt == "json",
+                    redact=Redactor((s for s in redactor.secrets if s != exempt),
+                                    redactor.short))
+
+
 def setup(level: str, fmt: str, secrets: Iterable[str] | None = None) -> None:
     """Route every log line of the process to stderr through one redacting formatter."""
-    redactor = Redactor(secrets_from_env() if secrets is None else secrets)
-    # a command's own lines never quote a secret on purpose; a short one (a dashboard token
-    # refused as too short) would only blank out ordinary words ("<redacted>er than 16")
-    _console.update(json=fmt == "json",
-                    redact=Redactor(s for s in redactor.secrets if len(s) >= SAY_MIN_SECRET))
+    words = short_secrets_from_env()
+    redactor = Redactor(secrets_from_env() if secrets is None else secrets, words)
+    console(fmt, redactor)
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter(redactor) if fmt == "json" else TextFormatter(redactor))
     root = logging.getLogger()

@@ -108,23 +108,72 @@ _CHOICES = {
 }
 _INTEGERS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
              "keepalives_count", "tcp_user_timeout")
-_QUOTED = re.compile(r'"([^"]*)"')
 _BAD_OPTION = re.compile(r"invalid (?:[\w ]+ value|integer value|port number)")
+# libpq's parse errors quote the text they could not parse, which may be (a piece of) the
+# password, and they pair quotes naively: nothing of its message is shown but one of these
+# fixed phrases (and an option name libpq knows, or one given as a URL query parameter).
+_PHRASES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r'^missing "=" after'), 'a part of it is neither a URL nor a key=value pair'),
+    (re.compile(r"^unterminated quoted string"), "a quoted value is not closed"),
+    (re.compile(r"percent-encoded"), "a %-escape (%XX) in it is invalid"),
+    (re.compile(r"URI query parameter"), "a query parameter (?name=value) is malformed"),
+    (re.compile(r"IPv6 host address"), "a [IPv6] host in it is empty or not closed"),
+    (re.compile(r"URI"), "it is not a valid postgresql:// URL"),
+    (re.compile(r"^invalid port number"), "a port is not a number"),
+)
+_UNKNOWN_OPTION = re.compile(
+    r'^invalid (?:connection option|URI query parameter:) "([a-z_]{1,40})"')
+_OPTION_VALUE = re.compile(r'^invalid (\w+) value|for connection option "([a-z_]{1,40})"')
 
 
 def _keywords() -> frozenset[str]:
     try:
         return frozenset(d.keyword.decode() for d in psycopg.pq.Conninfo.get_defaults())
-    except Exception:  # a libpq without it: every quoted part is hidden
+    except Exception:  # a libpq without it: no option name is shown
         return frozenset()
 
 
-def _without_quoted(text: str) -> str:
-    """libpq's message with every quoted part hidden but option names: it quotes the text it
-    could not parse, which may hold the password."""
-    keywords = _keywords()
-    return _QUOTED.sub(lambda m: m.group(0) if m.group(1) in keywords or len(m.group(1)) < 2
-                       else '"…"', text.strip().splitlines()[0] if text.strip() else "")
+def _libpq_says(text: str, url: str) -> str:
+    """What libpq found wrong, in a fixed phrase that quotes nothing of the URL but an
+    option's name (a name libpq knows, or a URL query parameter's)."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    unknown = _UNKNOWN_OPTION.match(line)
+    if unknown:
+        name = unknown.group(1)
+        query = urlsplit_query(url)
+        return f"it has an unknown option {name!r}" if name in query else \
+            "it has an unknown option (a key=value pair libpq does not know)"
+    option = _OPTION_VALUE.search(line)
+    if option:
+        name = option.group(1) or option.group(2)
+        if name in _keywords():
+            return f"libpq refuses the value of {name}"
+    for pattern, phrase in _PHRASES:
+        if pattern.search(line):
+            return phrase
+    return "libpq cannot parse it"
+
+
+def urlsplit_query(url: str) -> frozenset[str]:
+    """The names of a URL's query parameters (none for a key=value string)."""
+    if "://" not in url or "?" not in url:
+        return frozenset()
+    query = url.split("?", 1)[1]
+    return frozenset(part.split("=", 1)[0] for part in query.split("&") if "=" in part)
+
+
+def _hint(url: str) -> str:
+    """Why a string libpq cannot parse is likely wrong, without quoting it."""
+    text = url.strip()
+    if text[:1] in ("'", '"'):
+        return (" (it is in quotes: remove them, as docker --env-file and some .env readers "
+                "keep them)")
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", text)
+    if scheme and scheme.group(1).lower() not in ("postgresql", "postgres"):
+        return " (it must start with postgresql:// or postgres:// instead)"
+    if "://" not in text and "=" not in text:
+        return " (postgresql:// or postgres:// is missing at its start)"
+    return ""
 
 
 def check_database_url(url: str) -> dict[str, str]:
@@ -136,13 +185,9 @@ def check_database_url(url: str) -> dict[str, str]:
     try:
         info = psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.Error as exc:
-        hint = ""
-        if "://" not in url and "=" not in url:
-            hint = " (postgresql:// or postgres:// is missing at its start)"
-        # libpq quotes what it could not parse: hidden, it may be the password
         raise ConfigError(
-            f"the database URL (DATABASE_URL) is malformed{hint}: "
-            f"{_without_quoted(str(exc))}; expected {_URL_FORMS} (not shown: it may hold a "
+            f"the database URL (DATABASE_URL) is malformed{_hint(url)}: "
+            f"{_libpq_says(str(exc), url)}; expected {_URL_FORMS} (not shown: it may hold a "
             "password)") from None
     for port in str(info.get("port") or "").split(","):
         if port.strip() and not (port.strip().isdigit() and 1 <= int(port) <= 65535):
@@ -164,11 +209,11 @@ def check_database_url(url: str) -> dict[str, str]:
 def connect_refusal(exc: BaseException) -> ConfigError | None:
     """A ConfigError if libpq refused to connect because of an option's value (a setting to
     fix, not an outage), else None."""
-    text = str(exc)
+    text = str(exc).removeprefix("connection is bad: ")
     if not _BAD_OPTION.search(text):
         return None
     return ConfigError(f"the database URL (DATABASE_URL) has an option libpq refuses: "
-                       f"{_without_quoted(text.removeprefix('connection is bad: '))}")
+                       f"{_libpq_says(text, '')} (not shown: it may hold a password)")
 
 
 def _first_line(exc: BaseException) -> str:

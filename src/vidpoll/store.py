@@ -467,9 +467,11 @@ class PgStore:
         `prepare=False`: no server-side prepared statements (PgBouncer before 1.21 in
         transaction mode hands each transaction another server connection).
         `application_name`: what pg_stat_activity shows for every connection of this store
-        (a worker passes its id); an application_name already in `url` wins.
+        (a worker passes its id); an application_name already in `url` wins, but for the
+        LISTEN connection of a store that `serves`.
         `serves`: what this process's workers do for which accounts; its LISTEN connection
-        says so in its application_name (see presence_name), for `serving()` to read.
+        says so in its application_name (see presence_name), for `serving()` to read, always
+        (the URL's own application_name would hide the worker from `jobs watch`).
         A malformed `url` raises ConfigError, which never quotes it (it may hold a password).
         """
         options = check_database_url(url)  # a ConfigError that never quotes it
@@ -478,10 +480,10 @@ class PgStore:
             # the server truncates to 63 bytes; cut here so the name it keeps is predictable
             name = _app_name(application_name)
             url = listen_url = psycopg.conninfo.make_conninfo(url, application_name=name)
-            if serves is not None:
-                # the LISTEN connection says what the worker serves (wait() reads it)
-                listen_url = psycopg.conninfo.make_conninfo(
-                    url, application_name=presence_name(application_name, serves))
+        if application_name and serves is not None:
+            # the LISTEN connection says what the worker serves (wait() reads it)
+            listen_url = psycopg.conninfo.make_conninfo(
+                url, application_name=presence_name(application_name, serves))
         # One plain connection first: a dead server fails here at once with its real reason,
         # instead of after the pool's retries.
         await _probe(url, timeout_s)
@@ -1032,6 +1034,13 @@ class PgStore:
             deleted += int(row["deleted"])
             if progress is not None and row["deleted"]:
                 progress(deleted)
+
+    async def jobs_by_short_id(self, head: str, tail: str) -> list[str]:
+        """The ids (at most three) of jobs, tracked or archived, that `head…tail` shortens."""
+        rows = await self._all("jobs_by_short_id", {
+            "head": head, "tail": tail, "tail_len": len(tail),
+            "min_len": len(head) + len(tail)})
+        return [str(r["job_id"]) for r in rows]
 
     async def get_archived_job(self, job_id: str) -> dict[str, Any] | None:
         """An archived row, or None."""

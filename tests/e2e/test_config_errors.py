@@ -7,7 +7,9 @@ keep the matrix quick), in text and JSON log formats.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -16,6 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from vidpoll import logs
+from vidpoll.errors import ConfigError
+from vidpoll.schema import check_database_url
 
 from ..conftest import API_KEY
 
@@ -40,6 +46,83 @@ MALFORMED = [
     (f"postgresql://u:{PASSWORD[:3]}%zz{PASSWORD[3:]}@h/db", 2),
     (f"postgresql://u:{PASSWORD}@127.0.0.1:1/db?connect_timeout=2", 3),  # unreachable
 ]
+
+
+# passwords of every length and with every character that upsets a parser; their pieces are
+# distinctive, so that finding one in a message can only be a leak
+PASSWORDS = ["Q7", "Zq7", "Kx9Wv2p", "Mj4Rt8Yb2", 'Lq8"Tn4Wz', "Hv3 Bk7Pd", "Fg5@Nh2",
+             "Cz6:Jq3", "Dm2%Xw9", "Pw4'Qe7", "Vb8\\Yn1", "Ŧü9ßÅ"]
+FORMS = [
+    "postgres:{pw}@127.0.0.1:5432/db",  # the scheme left off
+    '"postgres:{pw}@127.0.0.1:5432/db"',  # ... and in quotes (docker --env-file keeps them)
+    "'postgresql://u:{pw}@127.0.0.1:5432/db'",
+    '"postgresql://u:{pw}@h:5432/db"',
+    "postgresql://u:{pw}@[::1/db",
+    "postgresql://u:{pw}@h/db?nosuchoption=1",
+    "mysql://u:{pw}@h/db",
+    "http://u:{pw}@h/db",
+    "host=x password={pw} port=abc",
+    "host=x password='{quoted}' port=abc",
+    "host=x password={pw} nosuch=1",
+    'host=x password="{pw}" sslmode=required',
+]
+
+
+def pieces(password: str) -> list[str]:
+    """The password, and each piece of it (split at the characters parsers split at) that is
+    at least 3 characters long."""
+    return [password, *(p for p in re.split(r"[\s\"'@:%\\]+", password) if len(p) >= 3)]
+
+
+@pytest.fixture
+def own_logging():
+    """logs.setup replaces the root handlers (pytest's too): put them back after."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    for h in handlers:
+        root.addHandler(h)
+    root.setLevel(level)
+
+
+def test_no_piece_of_a_database_password_is_ever_shown(monkeypatch, own_logging):
+    """The pure path of every bad DATABASE_URL (check_database_url, then logs.say as the CLI
+    prints it), text and JSON: neither the message nor the line quotes the password or a
+    piece of it, whatever its length or characters, however libpq pairs quotes."""
+    leaks = []
+    for password in PASSWORDS:
+        quoted = password.replace("\\", "\\\\").replace("'", "\\'")
+        for form in FORMS:
+            url = form.format(pw=password, quoted=quoted)
+            monkeypatch.setenv("DATABASE_URL", url)
+            try:
+                check_database_url(url)
+            except ConfigError as exc:
+                message = str(exc)
+            else:
+                continue  # parses: libpq refuses it at connect time (the subprocess test)
+            for fmt in ("text", "json"):
+                logs.setup("INFO", fmt)
+                line = logs.say("error", message)
+                leaks += [(url, fmt, piece, where) for piece in pieces(password)
+                          for where, text in (("message", message), ("line", line))
+                          if piece in text]
+    assert leaks == []
+
+
+def test_the_database_password_is_redacted_by_say_at_any_length(monkeypatch, own_logging):
+    """Should a message ever quote it, say() blanks the database password out: 3 characters
+    and more anywhere, shorter ones where they stand as a word."""
+    for password in ["Q7", "Zq7", "Kx9Wv2p", 'Lq8"Tn4Wz', "Hv3 Bk7Pd"]:
+        monkeypatch.setenv("DATABASE_URL", f'"postgres:{password}@127.0.0.1:5432/db"')
+        logs.setup("INFO", "text")
+        line = logs.say("error", f'missing "=" after ""postgres:{password}@127.0.0.1""')
+        assert password not in line, line
+    monkeypatch.setenv("DATABASE_URL", "postgresql://u:Q7@h/db")
+    logs.setup("INFO", "json")
+    assert "Q7" not in logs.say("error", "x Q7 y") and "AQ7B" in logs.say("error", "AQ7B")
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -87,13 +170,23 @@ def test_every_malformed_database_url_is_one_line_without_the_password():
     migrate_urls = [MALFORMED[0], MALFORMED[2], MALFORMED[8]]
     for url, _ in migrate_urls:
         cases.append((base_env(DATABASE_URL=url), ("migrate",)))
+    # passwords libpq quotes in its messages (short, with a quote, with a space), in quotes as
+    # docker --env-file keeps them, without the scheme: text and JSON
+    quoted = [f'"postgres:{pw}@127.0.0.1:5432/db"' for pw in ("Kx9Wv2p", 'Lq8"Tn4Wz', "Hv3 Bk7Pd")]
+    for url in quoted:
+        cases.append((base_env(DATABASE_URL=url), ("jobs", "list")))
+        cases.append((base_env(DATABASE_URL=url), ("--log-format", "json", "migrate")))
     results = run_all(cases)
     expected = ([code for _, code in MALFORMED] + [code for _, code in json_urls]
-                + [code for _, code in migrate_urls])
+                + [code for _, code in migrate_urls] + [2] * 2 * len(quoted))
     for (env, args), result, code in zip(cases, results, expected, strict=True):
         what = (env["DATABASE_URL"], args)
-        message = assert_one_clean_line(result, code, PASSWORD, what,
+        secret = next((pw for pw in ("Kx9Wv2p", 'Lq8"Tn4Wz', "Hv3 Bk7Pd")
+                       if pw in env["DATABASE_URL"]), PASSWORD)
+        message = assert_one_clean_line(result, code, secret, what,
                                         json_format="json" in args)
+        for piece in pieces(secret):
+            assert piece not in result.stdout + result.stderr, (what, piece, result.stderr)
         if code == 2:
             assert "DATABASE_URL" in message, (what, message)
         else:
@@ -150,3 +243,46 @@ def test_a_port_in_use_is_one_line_and_exit_2(db_url, taken_port):
         message = assert_one_clean_line(result, 2, API_KEY, result.args,
                                         json_format=json_format)
         assert f"127.0.0.1:{port} is already in use" in message, message
+
+
+def test_serve_without_a_webhook_secret_and_a_host_not_here_are_one_line(db_url, taken_port):
+    """The missing webhook secret is a warning said once serve runs, not before its error; an
+    address not on this machine names --host (the port is not the problem)."""
+    env = base_env(DATABASE_URL=db_url)
+    in_use, bad_url, not_here = run_all([
+        (env, ("serve", "--port", str(taken_port))),
+        (base_env(DATABASE_URL="mysql://u:Kx9Wv2p@h/db"), ("serve",)),
+        (env, ("fake-sume", "--host", "10.255.255.1", "--port", "0")),
+    ])
+    assert "already in use" in assert_one_clean_line(in_use, 2, API_KEY, "serve, port in use")
+    message = assert_one_clean_line(bad_url, 2, "Kx9Wv2p", "serve, mysql:// DATABASE_URL")
+    assert "postgresql:// or postgres://" in message, message
+    message = assert_one_clean_line(not_here, 2, API_KEY, "fake-sume --host elsewhere")
+    assert "10.255.255.1 is not an address of this machine" in message, message
+    assert message.endswith("choose another with --host"), message
+
+
+def test_control_characters_and_garbled_base_urls_are_one_line_naming_the_variable(db_url):
+    """A key pasted with a control character or a line break (sent as typed, it would make
+    the HTTP client raise), a base URL with a query or an unclosed [IPv6] host: one line,
+    exit 2, naming the variable, never the value and never a query string (before anything
+    is recorded: the database is a good one)."""
+    env = base_env(DATABASE_URL=db_url, SUME_BASE_URL="http://127.0.0.1:1")
+    cases = [
+        ({**env, "SUME_API_KEY": "sk-ab\x01cdefgh"}, ("submit", "--prompt", "a fox"),
+         "SUME_API_KEY"),
+        ({**env, "SUME_API_KEY": "sk-ab\ncdefgh"}, ("doctor",), "SUME_API_KEY"),
+        ({**env, "SUME_API_KEY_ACME": "sk-ac\tme1234"}, ("--log-format", "json", "doctor"),
+         "SUME_API_KEY_ACME"),
+        ({**env, "SUME_WEBHOOK_SECRET": "whsec\x7f1234"}, ("serve",), "SUME_WEBHOOK_SECRET"),
+        ({**env, "SUME_BASE_URL": "http://127.0.0.1:8900/api?token=Tk9Qz3"},
+         ("submit", "--prompt", "a fox"), "SUME_BASE_URL"),
+        ({**env, "SUME_BASE_URL": "http://[::1"}, ("jobs", "list"), "SUME_BASE_URL"),
+    ]
+    results = run_all([(e, a) for e, a, _ in cases])
+    for (_, args, variable), result in zip(cases, results, strict=True):
+        message = assert_one_clean_line(result, 2, "Tk9Qz3", args, json_format="json" in args)
+        assert variable in message, (args, message)
+        for value in ("cdefgh", "me1234", "1234", "token"):
+            assert value not in result.stderr + result.stdout, (args, result.stderr)
+        assert "unparseable" not in message and "scheme://" not in message, message

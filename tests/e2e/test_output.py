@@ -8,9 +8,13 @@ import json
 import logging
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,7 +25,8 @@ from click.testing import CliRunner
 from psycopg.types.json import Jsonb
 
 import vidpoll.demo
-from vidpoll.cli import main, short_id
+from vidpoll import logs
+from vidpoll.cli import _stderr, main, short_id
 from vidpoll.store import PgStore
 
 pytestmark = pytest.mark.slow
@@ -176,6 +181,85 @@ def test_demo_logs_warnings_only_unless_a_level_is_given(monkeypatch, restore_lo
 
 
 def test_version():
+    with (Path(__file__).parents[2] / "pyproject.toml").open("rb") as f:
+        version = tomllib.load(f)["project"]["version"]
     result = subprocess.run([VIDPOLL, "--version"], text=True, capture_output=True,
                             timeout=30, check=False)
-    assert result.returncode == 0 and re.fullmatch(r"vidpoll \S+\n", result.stdout), result
+    assert result.returncode == 0 and result.stdout == f"vidpoll {version}\n", result
+
+
+def test_submit_and_usage_errors_speak_for_people(db_url, store: PgStore):
+    """A transport error as a person says it (no exception class, no repr), no submitter log
+    line among submit's own at the default level, --param named once, and usage errors of
+    the group itself in JSON when VIDPOLL_LOG_FORMAT says so."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    env = env_for(db_url, SUME_BASE_URL=f"http://127.0.0.1:{port}")
+    json_env = {**env, "VIDPOLL_LOG_FORMAT": "json"}
+    cases = [(env, ("submit", "--prompt", "a fox", "--key", "k-people")),
+             (env, ("submit", "--param", "=x")),
+             (json_env, ("--bogus",)), (json_env, ("no-such-command",))]
+    with ThreadPoolExecutor(4) as pool:
+        sent, param, bogus, unknown = pool.map(
+            lambda case: subprocess.run([VIDPOLL, *case[1]], env=case[0], text=True,
+                                        capture_output=True, timeout=60, check=False), cases)
+    said = sent.stdout + sent.stderr
+    assert sent.returncode == 0, said
+    assert f"could not connect to 127.0.0.1:{port} (connection refused)" in said, said
+    assert "Error" not in said and "[Connect call" not in said and "('" not in said, said
+    assert "vidpoll.submitter" not in said and " INFO " not in said, said
+    assert param.returncode == 2 and param.stderr.count("--param") == 1, param.stderr
+    for result in (bogus, unknown):
+        line = json.loads(result.stderr)  # one JSON object, nothing else
+        assert result.returncode == 2 and line["level"] == "error", result.stderr
+
+
+def test_a_json_notice_carries_no_vidpoll_prefix(capsys, restore_logging):
+    logs.setup("INFO", "json")
+    _stderr("vidpoll: DATABASE_URL is unset: using the embedded PostgreSQL in /x")
+    line = json.loads(capsys.readouterr().err)
+    assert line["msg"].startswith("DATABASE_URL is unset"), line
+    logs.setup("INFO", "text")
+    _stderr("vidpoll: DATABASE_URL is unset: using the embedded PostgreSQL in /x")
+    assert capsys.readouterr().err.startswith("vidpoll: DATABASE_URL")
+
+
+async def test_the_shortened_ids_jobs_list_prints_are_taken_and_ctrl_c_stops_watching(
+        db_url, store: PgStore):
+    one = "vid_short_" + "0123456789" * 2 + "_x1y2"
+    await store.add_job(one)
+    await store.add_job("ambiguous-one-zz99")
+    await store.add_job("ambiguous-two-zz99")
+    shortened_and_ctrl_c(env_for(db_url, COLUMNS="200"), one)
+
+
+def shortened_and_ctrl_c(env: dict[str, str], one: str) -> None:
+    short = short_id(one)
+    assert "…" in short and short in run(env, "jobs", "list").stdout
+    watch = subprocess.Popen([VIDPOLL, "jobs", "watch", short], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            shown, due, ambiguous = pool.map(
+                lambda args: subprocess.run([VIDPOLL, *args], env=env, text=True,
+                                            capture_output=True, timeout=60, check=False),
+                [("jobs", "show", short, "--json"), ("jobs", "poll-now", short),
+                 ("jobs", "show", short_id("ambiguous-one-zz99"))])
+        assert shown.returncode == 0 and json.loads(shown.stdout)["job_id"] == one, shown
+        assert due.returncode == 0 and due.stdout.startswith(f"{one}: "), due
+        assert ambiguous.returncode == 1 and "ambiguous" in ambiguous.stderr, ambiguous
+        assert "ambiguous-one-zz99" in ambiguous.stderr and len(
+            ambiguous.stderr.splitlines()) == 1, ambiguous.stderr
+        # Ctrl-C while watching: one line saying the job goes on, exit 130
+        assert watch.stderr is not None
+        line = watch.stderr.readline()  # it waits: no worker polls the account
+        assert line.startswith("warning: no `vidpoll worker`"), line
+        watch.send_signal(signal.SIGINT)
+        _, err = watch.communicate(timeout=30)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    assert watch.returncode == 130, err
+    assert err.strip() == f"stopped watching {one} (it goes on)", err

@@ -58,6 +58,19 @@ async def test_submit_exits_9_when_sume_refuses_the_key_or_the_url(store, fake: 
     assert fake.billed == 0
     assert {k: (await store.get_intent(k)).state for k in ("k-key", "k-url")} == {  # type: ignore[union-attr]
         "k-key": "queued", "k-url": "queued"}
+    # the same key again with the key still wrong: sent again now, refused again (exit 9,
+    # not "queued (this key was already recorded)" and 0); fixed: sent, billed once
+    code, out, err = await vidpoll(wrong_key, "submit", "--prompt", "a heron", "--key", "k-key")
+    assert code == 9 and "refused the API key" in out, (out, err)
+    assert fake.billed == 0
+    code, out, err = await vidpoll(cli_env(db_url, fake_url), "submit", "--prompt", "a heron",
+                                   "--key", "k-key")
+    assert code == 0 and out.strip() == fake.by_key["k-key"], (out, err)
+    assert "already recorded" in err
+    code, out, err = await vidpoll(cli_env(db_url, fake_url), "submit", "--prompt", "a heron",
+                                   "--key", "k-key")  # submitted: nothing sent again
+    assert code == 0 and out.strip() == fake.by_key["k-key"], (out, err)
+    assert fake.billed == 1 and (await store.get_intent("k-key")).state == "submitted"  # type: ignore[union-attr]
     # the refusal is the configuration's: Sume's own rejection keeps its own code (5)
     code, _, err = await vidpoll(cli_env(db_url, fake_url), "submit", "--prompt", " ")
     assert code == 5 and "invalid_request" in err
@@ -127,22 +140,44 @@ async def test_a_worker_of_the_account_is_seen_and_one_of_another_is_not(vp, sto
     other, task = await serving_store(db_url, Serves(POLLS + SUBMITS, ("acme",)))
     try:
         told: list[str] = []
-        with pytest.raises(TimeoutError) as info:
-            await vp.wait("j1", timeout=1.0, on_no_worker=told.append)
+        waiter = asyncio.create_task(vp.wait("j1", timeout=120, on_no_worker=told.append))
+        await wait_for(lambda: vp.worker_checks >= 1, 30, "wait() looked for a worker")
         assert len(told) == 1 and "account 'default'" in told[0]  # acme's worker is no help
-        assert "job j1" in str(info.value) and "not final after 1s" in str(info.value)
+        waiter.cancel()
+        with pytest.raises(TimeoutError) as info:  # a timeout names the job
+            await vp.wait("j1", timeout=0.2, on_no_worker=told.append)
+        assert "job j1" in str(info.value) and "not final after 0.2s" in str(info.value)
     finally:
         task.cancel()
         await other.close()
     mine, task = await serving_store(db_url, Serves(POLLS, ("acme", "default")))
     try:
         told = []
-        with pytest.raises(TimeoutError):
-            await vp.wait("j1", timeout=1.0, on_no_worker=told.append)
+        checks = vp.worker_checks
+        waiter = asyncio.create_task(vp.wait("j1", timeout=120, on_no_worker=told.append))
+        await wait_for(lambda: vp.worker_checks > checks, 30, "wait() looked for a worker")
+        waiter.cancel()
         assert told == []  # a worker polls 'default': nothing to say
     finally:
         task.cancel()
         await mine.close()
+
+
+async def test_a_worker_whose_url_names_its_application_is_seen(store, db_url):
+    """DATABASE_URL=...?application_name=myapp: the pool's connections keep the user's name,
+    the LISTEN connection still says what the worker serves (no false "no worker")."""
+    named = psycopg.conninfo.make_conninfo(db_url, application_name="myapp")
+    other, task = await serving_store(named, Serves(POLLS, ("default",)))
+    try:
+        assert await store.serving("default", POLLS) is True
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            names = {r[0] for r in await (await conn.execute(
+                "SELECT application_name FROM pg_stat_activity "
+                "WHERE datname = current_database()")).fetchall()}
+        assert "myapp" in names, names  # the user's own name stays on the pool's
+    finally:
+        task.cancel()
+        await other.close()
 
 
 def test_names_serve_reads_what_each_worker_serves():
@@ -156,21 +191,49 @@ def test_names_serve_reads_what_each_worker_serves():
     assert not names_serve(["vidpoll", "vidpoll migrate", "mine"], "default", POLLS)
 
 
+async def notice_from(env: dict[str, str], *args: str, within_s: float = 60) -> str:
+    """Run the command until it gives the no-worker notice (it waits on: then it is stopped);
+    the notice's line."""
+    proc = await asyncio.create_subprocess_exec(
+        VIDPOLL, *args, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    assert proc.stderr is not None
+    seen: list[str] = []
+    try:
+        async with asyncio.timeout(within_s):
+            while True:
+                line = (await proc.stderr.readline()).decode()
+                assert line, f"{args} ended without the notice: {seen}"
+                seen.append(line)
+                if line.startswith("warning: no `vidpoll worker`"):
+                    return line
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
 async def test_submit_wait_and_jobs_watch_say_no_worker_and_name_job_and_key(
         store, fake: FakeSume, fake_url, db_url):
     env = cli_env(db_url, fake_url)
-    code, _, err = await vidpoll(env, "submit", "--prompt", "a fox", "--key", "k-wait",
-                                   "--wait", "--timeout", "1.5")
+    notice = await notice_from(env, "submit", "--prompt", "a fox", "--key", "k-wait",
+                               "--wait", "--timeout", "600")
+    assert "polls jobs for account 'default'" in notice, notice
     job_id = fake.by_key["k-wait"]
-    assert code == 8, err
-    lines = err.splitlines()
-    notice = [line for line in lines if line.startswith("warning: no `vidpoll worker`")]
-    assert len(notice) == 1 and "account 'default'" in notice[0], err
-    assert job_id in lines[-1] and "'k-wait'" in lines[-1] and "1.5s" in lines[-1], err
-    code, _, err = await vidpoll(env, "jobs", "watch", job_id, "--timeout", "1")
-    assert code == 8 and "warning: no `vidpoll worker` that polls jobs" in err
+    watched, timed, watch_timed = await asyncio.gather(
+        notice_from(env, "jobs", "watch", job_id, "--timeout", "600"),
+        vidpoll(env, "submit", "--prompt", "a fox", "--key", "k-wait", "--wait",
+                "--timeout", "0.5"),
+        vidpoll(env, "jobs", "watch", job_id, "--timeout", "0.5"))
+    assert "polls jobs for account 'default'" in watched, watched
+    code, _, err = timed
     last = err.splitlines()[-1]
-    assert last.startswith("error: ") and job_id in last and "'k-wait'" in last, err
+    assert code == 8 and job_id in last and "'k-wait'" in last and "0.5s" in last, err
+    code, _, err = watch_timed
+    last = err.splitlines()[-1]
+    assert code == 8 and last.startswith("error: "), err
+    assert job_id in last and "'k-wait'" in last, err
+    assert fake.billed == 1
 
 
 async def test_a_second_ctrl_c_stops_a_draining_worker_at_once(store, fake: FakeSume,
