@@ -120,16 +120,20 @@ async def test_a_worker_process_holds_at_most_four_connections_one_listening(
     seen: list[tuple[int, int]] = []
     env = cli_env(db_url, fake_url, HOOK_LOG=str(tmp_path / "hooks.log"))
     proc = await spawn_worker(env, "--drain", *extra)
+    hung = False
     try:
-        async with asyncio.timeout(300):  # a bound for a hang; the drain takes seconds
+        async with asyncio.timeout(120):  # a bound for a hang; the drain takes seconds
             while proc.returncode is None:
                 seen.append(await _vidpoll_connections(pg_admin_url, dbname))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(proc.wait(), 0.05)
+    except TimeoutError:
+        hung = True
     finally:
         if proc.returncode is None:
             proc.kill()
         _, err = await proc.communicate()
+    assert not hung, "the drain never ended:\n" + err.decode()[-6000:]
     assert proc.returncode == 0, err.decode()[-2000:]
     assert await store.counts() == {"completed": len(ids)}
     busy = [s for s in seen if s[0] > 0]
