@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import os
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -22,6 +24,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from vidpoll.api import Vidpoll
+from vidpoll.config import Settings
 from vidpoll.embedded import start_embedded
 from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.policy import PollPolicy
@@ -33,6 +37,35 @@ from vidpoll.worker import Worker, WorkerConfig
 API_KEY = "sk-test-7f3a9c1e-secret"
 FAST_POLICY = PollPolicy(min_poll_s=0.05, backoff_base_s=0.1, backoff_max_s=0.5,
                          default_poll_s=15.0)
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on (bound, then closed again)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def own_logging() -> Iterator[None]:
+    """logs.setup replaces the root handlers (pytest's too): put them back after."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    for h in handlers:
+        root.addHandler(h)
+    root.setLevel(level)
+
+
+@pytest.fixture
+async def vp(db_url: str, fake_url: str) -> AsyncIterator[Vidpoll]:
+    """The Python API on the test database and the fake Sume, with the fake's key."""
+    settings = Settings.from_env({"DATABASE_URL": db_url, "SUME_BASE_URL": fake_url,
+                                  "SUME_API_KEY": API_KEY})
+    async with await Vidpoll.open(settings=settings) as handle:
+        yield handle
 
 
 def url_for(base_url: str, dbname: str) -> str:

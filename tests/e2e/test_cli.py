@@ -6,7 +6,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,15 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from ..conftest import free_port
+
 pytestmark = pytest.mark.slow
 
 KEY = "sk-e2e-secret-value-0042"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ keep the matrix quick), in text and JSON log formats.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import socket
@@ -72,19 +71,6 @@ def pieces(password: str) -> list[str]:
     """The password, and each piece of it (split at the characters parsers split at) that is
     at least 3 characters long."""
     return [password, *(p for p in re.split(r"[\s\"'@:%\\]+", password) if len(p) >= 3)]
-
-
-@pytest.fixture
-def own_logging():
-    """logs.setup replaces the root handlers (pytest's too): put them back after."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    for h in handlers:
-        root.addHandler(h)
-    root.setLevel(level)
 
 
 def test_no_piece_of_a_database_password_is_ever_shown(monkeypatch, own_logging):

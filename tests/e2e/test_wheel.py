@@ -23,6 +23,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from ..conftest import free_port
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,16 +143,10 @@ def test_without_the_extra_and_without_database_url_one_line_names_both_fixes(in
     assert not (installed.outside / "home").exists()  # nothing made
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def fake_from_wheel(installed: Installed) -> Iterator[str]:
     """The installed `vidpoll fake-sume` on a free port; yields its URL."""
-    port = _free_port()
+    port = free_port()
     log = installed.outside / f"fake-{port}.log"
     with log.open("w") as out:
         proc = subprocess.Popen(

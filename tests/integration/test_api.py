@@ -49,14 +49,6 @@ async def test_the_readme_example_runs(repo_root, monkeypatch, capsys, store, fa
     assert fake.billed == 1
 
 
-@pytest.fixture
-async def vp(db_url, fake_url):
-    settings = Settings.from_env({"DATABASE_URL": db_url, "SUME_BASE_URL": fake_url,
-                                  "SUME_API_KEY": API_KEY})
-    async with await Vidpoll.open(settings=settings) as handle:
-        yield handle
-
-
 async def finish(db_url: str, job_id: str, state: str = "completed") -> None:
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await conn.execute("UPDATE video_jobs SET state = %s WHERE job_id = %s", (state, job_id))

@@ -6,7 +6,6 @@ listening), fails with the URL tried. The key never appears."""
 from __future__ import annotations
 
 import json
-import socket
 from typing import Any
 
 import pytest
@@ -15,18 +14,12 @@ from vidpoll import doctor
 from vidpoll.doctor import FAIL, OK, WARN
 from vidpoll.sume import SumeClient
 
-from ..conftest import API_KEY
+from ..conftest import API_KEY, free_port
 from .test_process import cli_env
 from .test_submit_process import run_cli
 
 PROXY_404 = {"http": 404, "raw": "<html><body><h1>404 Not Found</h1>nginx</body></html>",
              "content_type": "text/html"}
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_doctor_passes_the_right_base_url_and_names_a_wrong_one(fake, fake_url):
@@ -49,7 +42,7 @@ async def test_doctor_passes_the_right_base_url_and_names_a_wrong_one(fake, fake
     assert finding.status == FAIL and "an HTML page" in finding.detail, finding
     assert finding.detail.startswith(f"base URL looks wrong: {fake_url}/v1/jobs/")
 
-    nobody = f"http://127.0.0.1:{closed_port()}/v1"
+    nobody = f"http://127.0.0.1:{free_port()}/v1"
     [finding] = await check_providers(nobody, {"default": API_KEY}, 2.0)
     assert finding.status == FAIL and finding.detail.startswith(
         f"base URL looks wrong: {nobody}/v1/jobs/vidpoll-doctor-probe-"), finding

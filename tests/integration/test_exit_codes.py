@@ -13,14 +13,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from vidpoll import Vidpoll
-from vidpoll.config import Settings
 from vidpoll.fake_sume import FakeSume
 from vidpoll.store import POLLS, SUBMITS, PgStore, Serves, names_serve
 from vidpoll.submitter import Submitter, SubmitterConfig
 from vidpoll.sume import SumeClient
 
-from ..conftest import API_KEY, FAST_POLICY
+from ..conftest import FAST_POLICY
 from .test_process import cli_env, seed_jobs, wait_for
 
 pytestmark = pytest.mark.slow
@@ -91,14 +89,6 @@ async def test_a_refused_key_is_logged_with_one_http_prefix(store, fake_url, cap
                 await task
     assert "(HTTP 401: unauthorized)" in caplog.text, caplog.text
     assert "HTTP 401: HTTP 401" not in caplog.text
-
-
-@pytest.fixture
-async def vp(db_url, fake_url):
-    settings = Settings.from_env({"DATABASE_URL": db_url, "SUME_BASE_URL": fake_url,
-                                  "SUME_API_KEY": API_KEY})
-    async with await Vidpoll.open(settings=settings) as handle:
-        yield handle
 
 
 async def serving_store(db_url: str, serves: Serves) -> tuple[PgStore, asyncio.Task[None]]:

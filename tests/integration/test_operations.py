@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 
 import aiohttp
 import psycopg
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from vidpoll import logs, metrics
@@ -20,7 +19,7 @@ from vidpoll.doctor import FAIL, diagnose
 from vidpoll.sql import migrations
 from vidpoll.web import make_app, metrics_app, start_server
 
-from ..conftest import API_KEY, run_until
+from ..conftest import API_KEY, free_port, run_until
 from .test_process import cli_env, spawn_worker
 from .test_submit_process import run_cli
 
@@ -281,7 +280,6 @@ async def test_metrics_scrape_cleanly_and_count_what_the_worker_did(
 
 
 async def test_worker_metrics_port_serves_metrics(store, fake, fake_url, db_url):
-    from tests.e2e.test_cli import free_port
 
     fake.add_job("j1", script=FAILED)
     await store.add_job("j1", delay_s=0)
@@ -306,19 +304,6 @@ async def test_worker_metrics_port_serves_metrics(store, fake, fake_url, db_url)
     finally:
         proc.terminate()
         await proc.wait()
-
-
-@pytest.fixture
-def own_logging():
-    """logs.setup replaces the root handlers (pytest's too): put them back after."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    for h in handlers:
-        root.addHandler(h)
-    root.setLevel(level)
 
 
 def test_log_lines_are_redacted_by_construction(capsys, own_logging):

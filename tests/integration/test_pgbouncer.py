@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,16 +18,10 @@ import pytest
 
 from vidpoll.store import PgStore
 
-from ..conftest import run_until
+from ..conftest import free_port, run_until
 
 PGBOUNCER = os.environ.get("VIDPOLL_PGBOUNCER") or shutil.which("pgbouncer") or (
     "/usr/sbin/pgbouncer")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
