@@ -169,8 +169,13 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine; turn vidpoll's errors into one clear line and an exit code."""
+    async def with_task_dump() -> T:
+        with contextlib.suppress(NotImplementedError, AttributeError):  # not on Windows
+            asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, logs.dump_tasks)
+        return await coro
+
     try:
-        return asyncio.run(coro)
+        return asyncio.run(with_task_dump())
     except VidpollError as exc:
         _stderr(f"error: {exc}")
         sys.exit(next((c for t, c in EXIT_CODES.items() if isinstance(exc, t)), 1))

@@ -11,6 +11,7 @@ top level of each line, the text form appends them as `key=value`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -238,3 +239,29 @@ def setup(level: str, fmt: str, secrets: Iterable[str] | None = None) -> None:
     # own "database unavailable ... reachable again" lines say once.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+
+
+def await_chain(task: asyncio.Task[Any]) -> list[str]:
+    """Where a task waits: every coroutine of its await chain, outermost first, as
+    `function (file:line)`. Task.get_stack() gives one frame for a suspended coroutine."""
+    where: list[str] = []
+    step: Any = task.get_coro()
+    while step is not None:
+        frame = getattr(step, "cr_frame", None) or getattr(step, "gi_frame", None)
+        if frame is None:  # a future, or a finished coroutine
+            where.append(f"<{type(step).__name__}>")
+            break
+        where.append(f"{frame.f_code.co_name} ({os.path.basename(frame.f_code.co_filename)}"
+                     f":{frame.f_lineno})")
+        step = getattr(step, "cr_await", None) or getattr(step, "gi_yieldfrom", None)
+    return where
+
+
+def dump_tasks() -> None:
+    """SIGUSR1 (`kill -USR1 <pid>`): one WARNING line per task of the running loop, with
+    where it waits, so a process that looks stuck can say on what."""
+    tasks = sorted(asyncio.all_tasks(), key=lambda t: t.get_name())
+    log = logging.getLogger("vidpoll.tasks")
+    log.warning("SIGUSR1: %d tasks", len(tasks))
+    for task in tasks:
+        log.warning("task %s waits in %s", task.get_name(), " > ".join(await_chain(task)))

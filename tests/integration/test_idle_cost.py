@@ -120,7 +120,7 @@ async def test_a_worker_process_holds_at_most_four_connections_one_listening(
     seen: list[tuple[int, int]] = []
     env = cli_env(db_url, fake_url, HOOK_LOG=str(tmp_path / "hooks.log"))
     proc = await spawn_worker(env, "--drain", *extra)
-    hung = False
+    hung, tasks = False, ""
     try:
         async with asyncio.timeout(120):  # a bound for a hang; the drain takes seconds
             while proc.returncode is None:
@@ -129,11 +129,12 @@ async def test_a_worker_process_holds_at_most_four_connections_one_listening(
                     await asyncio.wait_for(proc.wait(), 0.05)
     except TimeoutError:
         hung = True
+        tasks = await proc.dump_tasks()
     finally:
         if proc.returncode is None:
             proc.kill()
         _, err = await proc.communicate()
-    assert not hung, "the drain never ended:\n" + err.decode()[-6000:]
+    assert not hung, f"the drain never ended:\n{tasks}\n" + err.decode()[-3000:]
     assert proc.returncode == 0, err.decode()[-2000:]
     assert await store.counts() == {"completed": len(ids)}
     busy = [s for s in seen if s[0] > 0]

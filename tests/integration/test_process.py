@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import sys
+import tempfile
 from datetime import timedelta
 from typing import Any
 
@@ -30,10 +32,54 @@ def cli_env(db_url: str, fake_url: str, **extra: str) -> dict[str, str]:
     return env
 
 
-async def spawn_worker(env: dict[str, str], *args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
+class Spawned:
+    """A worker process whose log (stderr) goes to an unnamed file, never to a pipe: a pipe
+    nobody reads while the test waits fills at 64 KiB, and then the worker's next log line
+    blocks its event loop (seen in CI: a --drain of 300 jobs with a hook "never ended").
+    Everything else is the asyncio process's own."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, log_fd: int) -> None:
+        self.proc = proc
+        self.log_fd = log_fd
+
+    def __del__(self) -> None:
+        os.close(self.log_fd)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.proc, name)
+
+    def err(self) -> bytes:
+        """What the worker has logged so far."""
+        return os.pread(self.log_fd, os.fstat(self.log_fd).st_size, 0)
+
+    async def dump_tasks(self) -> str:
+        """What every task of the worker waits on (its SIGUSR1 answer), for a test's message
+        when the worker seems stuck."""
+        start = len(self.err())
+        self.proc.send_signal(signal.SIGUSR1)
+
+        def dump() -> str:
+            text = self.err()[start:].decode(errors="replace")
+            header = re.search(r"SIGUSR1: (\d+) tasks", text)
+            done = header is not None and text.count(" waits in ") >= int(header[1])
+            return text[header.start():] if header is not None and done else ""
+
+        with contextlib.suppress(TimeoutError):
+            await wait_for(dump, 10, "the task dump")
+        return dump() or "(no task dump within 10 s)"
+
+    async def communicate(self) -> tuple[bytes, bytes]:
+        out, _ = await self.proc.communicate()
+        return out, self.err()
+
+
+async def spawn_worker(env: dict[str, str], *args: str) -> Spawned:
+    log_fd, path = tempfile.mkstemp(prefix="vidpoll-worker-", suffix=".log")
+    os.unlink(path)  # the file lives as long as the Spawned holds it open
+    proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "vidpoll.cli", "--log-level", "INFO", "worker", *args, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        stdout=asyncio.subprocess.PIPE, stderr=log_fd)
+    return Spawned(proc, log_fd)
 
 
 async def wait_for(predicate: Any, within_s: float, what: str) -> None:
@@ -136,13 +182,9 @@ async def test_sigterm_finishes_in_flight_reads_then_exits_0(store, fake, fake_u
     try:
         await wait_for(lambda: sum(fake.in_flight.values()) == len(ids), 30, "reads in flight")
         proc.send_signal(signal.SIGTERM)
-        assert proc.stderr is not None
-        seen = b""
-        async with asyncio.timeout(30):  # the worker says it stops, with every read in flight
-            while b"in-flight reads" not in seen:
-                line = await proc.stderr.readline()
-                assert line, seen.decode()
-                seen += line
+        # the worker says it stops, with every read in flight
+        await wait_for(lambda: b"in-flight reads" in proc.err(), 30, "the stopping line")
+        seen = proc.err()
         assert f"finishing {len(ids)} in-flight reads".encode() in seen, seen.decode()
         assert sum(fake.in_flight.values()) == len(ids)  # none answered yet
         gate.set()
@@ -152,10 +194,30 @@ async def test_sigterm_finishes_in_flight_reads_then_exits_0(store, fake, fake_u
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    err = seen + err
     assert proc.returncode == 0, err.decode()
     # every read that was in flight was recorded before exit
     assert await store.counts() == {"completed": len(ids)}, err.decode()
+
+
+async def test_sigusr1_says_where_every_task_waits_and_the_worker_goes_on(
+        store, fake, fake_url, db_url):
+    gate = hold_reads(fake)  # a read in flight: something to wait on
+    await seed_jobs(store, fake, 1)
+    proc = await spawn_worker(cli_env(db_url, fake_url), "--poll-only")
+    try:
+        await wait_for(lambda: sum(fake.in_flight.values()) == 1, 30, "a read in flight")
+        dump = await proc.dump_tasks()
+        assert "task vidpoll-writer waits in _writer (worker.py:" in dump, dump
+        assert "_main_loop (worker.py:" in dump, dump
+        gate.set()  # the dump stopped nothing: the read ends and is recorded
+        async with asyncio.timeout(30):
+            while await store.counts() != {"completed": 1}:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+    finally:
+        gate.set()
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
 
 
 async def test_drain_exits_0_when_nothing_is_pending(store, fake, fake_url, db_url):
