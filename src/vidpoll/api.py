@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from vidpoll.aio import cancel_and_wait
 from vidpoll.config import Settings, key_variable
 from vidpoll.deliver import Deliverer, DeliveryConfig, Hook, hook_name
 from vidpoll.download import Downloader
@@ -335,7 +336,8 @@ class Vidpoll:
             downloader = None
             if download_dir is not None:
                 downloader = await stack.enter_async_context(
-                    Downloader(download_dir, max_connections=concurrency))
+                    Downloader.from_settings(download_dir, self.settings,
+                                             max_connections=concurrency))
             deliverer = Deliverer(self.store, config, downloader)
             deliverer.producers_finished()  # the pollers run elsewhere
             await deliverer.prepare()  # registered before the block runs: no job slips by
@@ -414,9 +416,7 @@ class Vidpoll:
             raise TimeoutError(f"{_named(seen['job_id'], seen['key'])} is not final after "
                                f"{timeout:g}s; it goes on") from None
         finally:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+            await cancel_and_wait(listener)
 
 
 def _named(job_id: str | None, key: str | None) -> str:

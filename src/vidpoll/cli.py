@@ -420,8 +420,8 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                 if hooks or download_dir is not None:
                     downloader = None
                     if download_dir is not None:
-                        downloader = await stack.enter_async_context(Downloader(
-                            download_dir, max_connections=delivery_concurrency))
+                        downloader = await stack.enter_async_context(Downloader.from_settings(
+                            download_dir, settings, max_connections=delivery_concurrency))
                     deliverer = Deliverer(store, DeliveryConfig(
                         hooks=hooks, concurrency=delivery_concurrency,
                         hook_timeout_s=hook_timeout, lease_s=lease_s, drain=drain,
@@ -674,10 +674,11 @@ def jobs_resume(job_id: str) -> None:
         _stderr(f"error: no job {job_id!r} in a resumable state "
                    "(gave_up, not_found; a pending one is polled now)")
         sys.exit(1)
-    click.echo({"resumed": f"{job_id}: pending again with fresh counters, due now",
-                "made_due": f"{job_id}: still pending; made due now (as poll-now)",
-                "marked": f"{job_id}: still pending and being read right now; read again as "
-                          "soon as that read is recorded (as poll-now)"}[done])
+    shown_id = logs.printable(job_id)
+    click.echo({"resumed": f"{shown_id}: pending again with fresh counters, due now",
+                "made_due": f"{shown_id}: still pending; made due now (as poll-now)",
+                "marked": f"{shown_id}: still pending and being read right now; read again "
+                          "as soon as that read is recorded (as poll-now)"}[done])
 
 
 @jobs.command("show")
@@ -722,7 +723,7 @@ def jobs_show(job_id: str, as_json: bool) -> None:
             row.add_row(name, escape(_cell(shown[name])))
     if shown["archived"]:
         row.add_row("archived_at", escape(_cell(shown.get("archived_at"))))
-    console.print(Panel(row, title=f"job {escape(job_id)}", expand=False))
+    console.print(Panel(row, title=f"job {_shown(job_id)}", expand=False))
     intent = shown["intent"]
     if intent is not None:
         grid = Table.grid(padding=(0, 2))
@@ -767,7 +768,8 @@ def jobs_show(job_id: str, as_json: bool) -> None:
 
 def _compact(value: Any, limit: int = 2000) -> str:
     """A JSON value on one line (never a Python repr), cut at `limit` characters."""
-    text = json.dumps(value, default=_json_default, ensure_ascii=False, separators=(", ", ": "))
+    text = logs.printable(json.dumps(value, default=_json_default, ensure_ascii=False,
+                                     separators=(", ", ": ")))
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
@@ -783,7 +785,7 @@ def _table(title: str, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> 
 
 def _cell(value: Any) -> str:
     """A value as a person reads it: times to the second, JSON for dicts and lists, numbers
-    as numbers (never a Python repr)."""
+    as numbers (never a Python repr), control characters escaped (`logs.printable`)."""
     if value is None:
         return ""
     if isinstance(value, datetime):
@@ -794,7 +796,12 @@ def _cell(value: Any) -> str:
         return f"{value:f}"
     if isinstance(value, dict | list | tuple):
         return _compact(value, 400)
-    return str(value)
+    return logs.printable(str(value))
+
+
+def _shown(value: Any) -> str:
+    """A value for a rich cell or title: as `_cell` shows it, rich markup escaped."""
+    return escape(_cell(value))
 
 
 @jobs.command("watch")
@@ -827,7 +834,7 @@ def jobs_watch(job_id: str, timeout: float | None) -> None:
     if final is None:
         _stderr(f"error: {timed_out}")
         sys.exit(EXIT_WAIT_TIMEOUT)
-    click.echo(final)
+    click.echo(logs.printable(final))  # the provider's word
     if final not in SUCCESS_STATES:
         sys.exit(EXIT_NOT_COMPLETED)
 
@@ -871,7 +878,7 @@ def jobs_stats(minutes: int, as_json: bool) -> None:
         click.echo(json.dumps(stats, default=_json_default))
         return
     for state, n in stats["states"].items():
-        click.echo(f"{state:>12} {n}")
+        click.echo(f"{logs.printable(state):>12} {n}")  # a provider's word, as final states are
     click.echo(f"due now: {stats['due_now']}, oldest late by {stats['oldest_late_s']:.1f}s")
     errors = {k: v for k, v in stats["reads_by_outcome"].items()
               if k not in ("not_ready", "final")}
@@ -883,19 +890,20 @@ def jobs_stats(minutes: int, as_json: bool) -> None:
         click.echo(f"last {minutes} min submissions: "
                    f"{_counts(stats['submissions_by_outcome'])}")
     for row in stats["stuck_claims"]:
-        click.echo(f"  stuck: {row['claimed_by']} holds {row['rows']} rows whose lease ended "
+        click.echo(f"  stuck: {_cell(row['claimed_by'])} holds {row['rows']} rows whose "
+                   "lease ended "
                    f"(claimed since {row['since']:%Y-%m-%d %H:%M:%S})")
     for row in stats["backlog_by_account"]:
-        click.echo(f"  account {row['account']}: {row['due']} due, oldest late by "
+        click.echo(f"  account {_cell(row['account'])}: {row['due']} due, oldest late by "
                    f"{row['oldest_late_s']:.1f}s")
     for c in stats["deliveries"]:
-        click.echo(f"  deliveries {c['consumer']}: {c['pending']} pending ({c['waiting']} "
+        click.echo(f"  deliveries {_cell(c['consumer'])}: {c['pending']} pending ({c['waiting']} "
                    f"waiting, {c['retrying']} retrying), {c['failed']} failed")
     for b in stats["rate_buckets"]:
         rate = "unlimited" if b["rate_per_s"] is None else f"{b['rate_per_s'] * 60:g}/min"
         tokens = "" if b["tokens"] is None else f", {b['tokens']:.1f} tokens"
         paused = f", paused {b['paused_s']:.1f}s more" if b["paused_s"] > 0 else ""
-        click.echo(f"  budget {b['account']}/{b['kind']}: {rate}{tokens}{paused}; "
+        click.echo(f"  budget {_cell(b['account'])}/{b['kind']}: {rate}{tokens}{paused}; "
                    f"{b['server_pauses']} server pauses")
 
 
@@ -948,9 +956,9 @@ def jobs_list(state: str | None, order: str | None, account: str | None, limit: 
     for r in rows:
         at = r["next_poll_at"] if pending else r["finished_at"] if state else r["created_at"]
         errors = f"{r['consecutive_errors']}" if r["consecutive_errors"] else ""
-        table.add_row(escape(short_id(r["job_id"])), escape(r["state"]), escape(r["account"]),
+        table.add_row(_shown(short_id(r["job_id"])), _shown(r["state"]), _shown(r["account"]),
                       _since(at, now), str(r["polls"]), errors,
-                      escape(r["last_error_class"] or ""))
+                      _shown(r["last_error_class"]))
     console.print(table)
     if not rows:
         click.echo("no jobs" + (" on this page" if cursor else ""))
@@ -1015,8 +1023,9 @@ def jobs_poll_now(job_id: str) -> None:
         _stderr(f"error: no pending job {job_id!r} (`vidpoll jobs resume` revives a "
                    "gave_up / not_found one)")
         sys.exit(1)
-    click.echo(f"{job_id}: due now" if made_due else
-               f"{job_id}: being read right now; read again as soon as that read is recorded")
+    shown_id = logs.printable(job_id)
+    click.echo(f"{shown_id}: due now" if made_due else
+               f"{shown_id}: being read right now; read again as soon as that read is recorded")
 
 
 @jobs.command("prune")
@@ -1072,7 +1081,7 @@ def jobs_prune(finished_before: str, batch: int, events_older_than: str | None,
         if kept:
             click.echo(f"kept {sum(int(k['n']) for k in kept)} rows finished before then:")
         for k in kept:
-            who = f" {k['consumer']}" if k["consumer"] else ""
+            who = f" {_cell(k['consumer'])}" if k["consumer"] else ""
             click.echo(f"  {k['n']} {k['reason']}{who} (oldest finished "
                        f"{k['oldest_finished']:%Y-%m-%d %H:%M}): "
                        + PRUNE_KEPT_REASONS.get(k["reason"], k["reason"]).format(
@@ -1136,8 +1145,8 @@ def doctor_cmd(as_json: bool) -> None:
             table.add_column(col, overflow="fold")
         style = {OK: "green", WARN: "yellow", FAIL: "bold red"}
         for f in findings:
-            table.add_row(escape(f.check), f"[{style[f.status]}]{f.status}[/]",
-                          escape(f.detail), escape(f.fix))
+            table.add_row(_shown(f.check), f"[{style[f.status]}]{f.status}[/]",
+                          _shown(f.detail), _shown(f.fix))
         console.print(table)
     if any(f.status == FAIL for f in findings):
         sys.exit(1)
@@ -1168,12 +1177,14 @@ def deliveries_list(consumer: str | None, limit: int, as_json: bool) -> None:
                    "--download-dir)")
     for c in shown["consumers"]:
         oldest = c["oldest_pending"]
-        click.echo(f"{c['consumer']}: {c['pending']} pending ({c['retrying']} retrying), "
+        click.echo(f"{_cell(c['consumer'])}: {c['pending']} pending ({c['retrying']} retrying), "
                    f"{c['done']} done, {c['failed']} failed"
                    + (f"; oldest pending since {oldest:%Y-%m-%d %H:%M:%S}" if oldest else ""))
     for d in shown["problems"]:
-        click.echo(f"  {d['job_id']} {d['consumer']} {d['state']} after {d['attempts']} "
-                   f"tries: {d['last_error']}")
+        # job ids, hook names and errors come from outside: one line each, nothing that moves
+        # the cursor (`logs.printable`, through _cell)
+        click.echo(f"  {_cell(d['job_id'])} {_cell(d['consumer'])} {_cell(d['state'])} after "
+                   f"{d['attempts']} tries: {_cell(d['last_error'])}")
 
 
 @deliveries.command("retry")
@@ -1299,7 +1310,7 @@ def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, ke
                 "or `vidpoll jobs watch JOB_ID`, waits again")
         sys.exit(EXIT_WAIT_TIMEOUT)
     if final is not None:
-        click.echo(final)
+        click.echo(logs.printable(final))  # the provider's word
         if final not in SUCCESS_STATES:
             sys.exit(EXIT_NOT_COMPLETED)
 
@@ -1352,9 +1363,9 @@ def _report_submission(sub: Submission, as_json: bool) -> None:
     again = "" if sub.new else " (this key was already recorded)"
     if sub.job_id is not None:
         _stderr(f"submitted{again}: key {sub.key}")
-        click.echo(sub.job_id)
+        click.echo(_cell(sub.job_id))  # the provider's id: nothing in it moves the cursor
     else:
-        click.echo(f"{sub.state}{again}: key {sub.key}: {sub.reason}")
+        click.echo(f"{sub.state}{again}: key {_cell(sub.key)}: {_cell(sub.reason)}")
 
 
 def _submit_file(settings: Settings, source: Any, prefix: str, priority: int,
@@ -1458,7 +1469,7 @@ def intents_list(state: str | None, limit: int, as_json: bool) -> None:
     for i in rows:
         detail = i.job_id or (f"{i.error_code}: {i.error_message}" if i.error_code
                               else (i.last_error or ""))
-        click.echo(f"{i.key}\t{i.state}\tattempts={i.attempts}\t{detail}")
+        click.echo(f"{_cell(i.key)}\t{i.state}\tattempts={i.attempts}\t{_cell(detail)}")
 
 
 @intents.command("retry")
@@ -1505,9 +1516,10 @@ def intents_resolve(key: str, job_id: str | None, not_billed: bool) -> None:
     done, intent = _on_store(go)  # a job id PostgreSQL cannot store: exit 6
     if done and intent is not None:
         if job_id is not None:
-            click.echo(f"{key}: submitted, job {intent.job_id} tracked (polled now)")
+            click.echo(f"{_cell(key)}: submitted, job {_cell(intent.job_id)} tracked "
+                       "(polled now)")
         else:
-            click.echo(f"{key}: rejected for good (resolved: not billed)")
+            click.echo(f"{_cell(key)}: rejected for good (resolved: not billed)")
         return
     if intent is None:
         _stderr(f"error: no intent with key {key!r}")
@@ -1545,10 +1557,17 @@ def intents_stats(as_json: bool) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Beyond loopback it needs VIDPOLL_DASHBOARD_TOKEN.")
 @click.option("--port", default=8800, show_default=True, type=click.IntRange(0, 65535))
-def serve_cmd(host: str, port: int) -> None:
+@click.option("--metrics-port", type=click.IntRange(0, 65535),
+              help="Serve /metrics and /readyz (and /healthz) on this port, not on --port: "
+                   "open there unless VIDPOLL_METRICS_TOKEN is set.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="The address of --metrics-port.")
+def serve_cmd(host: str, port: int, metrics_port: int | None, metrics_host: str) -> None:
     """Serve the dashboard (/), Prometheus /metrics, POST /webhooks/sume (needs
-    SUME_WEBHOOK_SECRET), /healthz and /readyz."""
-    from vidpoll.web import make_app, start_server
+    SUME_WEBHOOK_SECRET), /healthz and /readyz. With VIDPOLL_METRICS_TOKEN, /metrics and
+    /readyz need it as `Authorization: Bearer`; without it, /metrics on --port needs the
+    dashboard token if there is one."""
+    from vidpoll.web import GUARD, make_app, metrics_app, start_server
 
     settings = _settings()
     loopback = host in ("127.0.0.1", "localhost", "::1")
@@ -1561,20 +1580,40 @@ def serve_cmd(host: str, port: int) -> None:
                    "characters; use a long random one (python -c 'import secrets; "
                    "print(secrets.token_urlsafe(24))')")
         sys.exit(2)
+    if settings.metrics_token and len(settings.metrics_token) < MIN_TOKEN_CHARS:
+        _stderr(f"error: VIDPOLL_METRICS_TOKEN is shorter than {MIN_TOKEN_CHARS} characters; "
+                "use a long random one")
+        sys.exit(2)
+    apart = metrics_port is not None
+
     async def go() -> None:
         store = await _open_store(settings)
         try:
             runner, url = await _listening(start_server(
                 make_app(store, settings.webhook_secret or None, settings.webhook_tolerance_s,
                          dashboard_token=settings.dashboard_token or None,
-                         loopback_only=loopback and not settings.dashboard_token),
+                         loopback_only=loopback and not settings.dashboard_token,
+                         metrics_token=settings.metrics_token or None, metrics_apart=apart,
+                         webhook_events_retention_s=settings.webhook_events_retention_s),
                 host, port), host, port, "--port")
+            scrapes = "/metrics"
+            if metrics_port is not None:
+                metrics_runner, metrics_url = await _listening(start_server(
+                    metrics_app(store, table_gauges=True, guard=runner.app[GUARD]),
+                    metrics_host, metrics_port), metrics_host, metrics_port,
+                    "--metrics-port", "--metrics-host")
+                scrapes = f"{metrics_url}/metrics"
+            if settings.metrics_token or (settings.dashboard_token and not apart):
+                # (not "Bearer <word>": the log redactor would hide the word)
+                scrapes += ", which asks for a token"
             # said once the settings, the database and the port are known good: a command
             # that cannot start says one line, its error
             if not settings.webhook_secret:
                 _stderr("warning: SUME_WEBHOOK_SECRET is not set; /webhooks/sume answers 503")
-            _stderr(f"vidpoll serving on {url} (dashboard at /, metrics at /metrics)")
+            _stderr(f"vidpoll serving on {url} (dashboard at /, metrics at {scrapes})")
             await _until_signalled()
+            if metrics_port is not None:
+                await metrics_runner.cleanup()
             await runner.cleanup()
         finally:
             await store.close()

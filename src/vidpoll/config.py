@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,23 @@ DEFAULT_EVENTS_RETENTION_S = 90 * 86400.0
 """`jobs prune` deletes the history of jobs gone from video_jobs older than this."""
 WEBHOOK_RETENTION_MARGIN_S = 3600.0
 """Kept beyond the replay window (twice the webhook tolerance, see `webhook_replay_s`)."""
+MEDIA_ALLOW_HOSTS_VARIABLE = "VIDPOLL_MEDIA_ALLOW_HOSTS"
+"""Hosts (`host` or `host:port`, comma-separated) media may come from over plain http:// or at
+a private address; `VIDPOLL_MEDIA_ALLOW_HOSTS_<ACCOUNT>` replaces it for one account."""
+HOOK_PATH_VARIABLE = "VIDPOLL_HOOK_PATH"
+"""Directories (os.pathsep-separated) hooks are imported from too, after everything else on
+sys.path; the working directory is never put there unasked."""
+DEFAULT_DOWNLOAD_MAX_BYTES = 2 * 1024**3
+"""VIDPOLL_DOWNLOAD_MAX_BYTES: a media file larger than this is refused (2 GiB)."""
+DEFAULT_DOWNLOAD_DEADLINE_S = 1800.0
+"""VIDPOLL_DOWNLOAD_DEADLINE_S: one file's try, redirects and body included, ends after this
+(what it fetched is resumed next try)."""
+DEFAULT_DOWNLOAD_MIN_BYTES_PER_S = 8192.0
+"""VIDPOLL_DOWNLOAD_MIN_BYTES_PER_S: a body slower than this over 30 s spent waiting for it is
+cut off (and retried)."""
+AllowedHost = tuple[str, int | None]
+"""An allow-list entry: a lower-case host name or IP address (no brackets), and a port or None
+for any port."""
 
 
 def default_home() -> Path:
@@ -205,6 +223,9 @@ class Settings:
     webhook_tolerance_s: float = 300.0
     dashboard_token: str = field(default="", repr=False)
     """VIDPOLL_DASHBOARD_TOKEN: required by `vidpoll serve` bound beyond loopback."""
+    metrics_token: str = field(default="", repr=False)
+    """VIDPOLL_METRICS_TOKEN: `vidpoll serve`'s /metrics and /readyz answer only to it (or to
+    the dashboard token) as `Authorization: Bearer`."""
     prepared_statements: bool = True
     """VIDPOLL_DB_PREPARE=off: no server-side prepared statements (PgBouncer before 1.21 in
     transaction mode loses them between transactions)."""
@@ -217,6 +238,23 @@ class Settings:
     webhook_events_retention_s: float | None = None
     """VIDPOLL_WEBHOOK_EVENTS_RETENTION: None (unset) for the replay window plus an hour,
     inf for `off` (kept for ever); `webhook_retention_s()` is the retention in force."""
+    media_allow_hosts: frozenset[AllowedHost] = frozenset()
+    """VIDPOLL_MEDIA_ALLOW_HOSTS: hosts every account's media may come from over plain http://
+    or at a private address (vidpoll.fetch_guard)."""
+    media_allow_hosts_by_account: Mapping[str, frozenset[AllowedHost]] = field(
+        default_factory=dict)
+    """VIDPOLL_MEDIA_ALLOW_HOSTS_<ACCOUNT>: replaces the list above for one account."""
+    download_max_bytes: int = DEFAULT_DOWNLOAD_MAX_BYTES
+    download_deadline_s: float = DEFAULT_DOWNLOAD_DEADLINE_S
+    download_min_bytes_per_s: float = DEFAULT_DOWNLOAD_MIN_BYTES_PER_S
+    """0: no minimum rate (the deadline still holds)."""
+
+    def media_allow_hosts_for(self, account: str) -> tuple[frozenset[AllowedHost], str]:
+        """The media allow-list of `account` and the variable that set it (for messages)."""
+        own = self.media_allow_hosts_by_account.get(account)
+        if own is not None:
+            return own, f"{MEDIA_ALLOW_HOSTS_VARIABLE}_{account.upper()}"
+        return self.media_allow_hosts, MEDIA_ALLOW_HOSTS_VARIABLE
 
     def webhook_retention_s(self) -> float | None:
         """How old a webhook event (the replay de-duplication) `jobs prune` deletes; None:
@@ -262,11 +300,21 @@ class Settings:
             webhook_secret=check_text(env, "SUME_WEBHOOK_SECRET"),
             webhook_tolerance_s=tolerance,
             dashboard_token=check_text(env, "VIDPOLL_DASHBOARD_TOKEN"),
+            metrics_token=check_text(env, "VIDPOLL_METRICS_TOKEN"),
             prepared_statements=_on_off(env, "VIDPOLL_DB_PREPARE", True),
             embedded=embedded_allowed(env),
             events_retention_s=_retention(env, "VIDPOLL_EVENTS_RETENTION",
                                           DEFAULT_EVENTS_RETENTION_S),
             webhook_events_retention_s=_webhook_retention(env, tolerance),
+            media_allow_hosts=parse_allow_hosts(env.get(MEDIA_ALLOW_HOSTS_VARIABLE, ""),
+                                                MEDIA_ALLOW_HOSTS_VARIABLE),
+            media_allow_hosts_by_account=_account_allow_hosts(env),
+            download_max_bytes=_bytes(env, "VIDPOLL_DOWNLOAD_MAX_BYTES",
+                                      DEFAULT_DOWNLOAD_MAX_BYTES),
+            download_deadline_s=_float(env, "VIDPOLL_DOWNLOAD_DEADLINE_S",
+                                       DEFAULT_DOWNLOAD_DEADLINE_S, minimum=1.0),
+            download_min_bytes_per_s=_float(env, "VIDPOLL_DOWNLOAD_MIN_BYTES_PER_S",
+                                            DEFAULT_DOWNLOAD_MIN_BYTES_PER_S),
         )
 
     def require_api_key(self, account: str = DEFAULT_ACCOUNT) -> str:
@@ -309,6 +357,86 @@ def _account_keys(env: Mapping[str, str]) -> dict[str, str]:
                 raise ConfigError(f"{name}: {exc}") from None
             keys[account] = check_text(env, name)
     return keys
+
+
+_HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
+
+
+def parse_allow_hosts(raw: str, name: str) -> frozenset[AllowedHost]:
+    """A comma-separated list of `host`, `host:port`, `[ipv6]` or `[ipv6]:port` (an IP address
+    is a host too); a ConfigError naming `name` for an entry that is none of these (a URL, a
+    path, a network range)."""
+    found: set[AllowedHost] = set()
+    for item in raw.split(","):
+        entry = item.strip().lower()
+        if not entry:
+            continue
+        host, port = entry, ""
+        bracketed = entry.startswith("[")  # an IPv6 address, with a port or not
+        if bracketed:
+            host, _, rest = entry[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else "x" if rest else ""
+        elif entry.count(":") == 1:  # more than one: an IPv6 address without a port
+            host, port = entry.split(":")
+        host = host.rstrip(".")
+        version: int
+        try:
+            version = ipaddress.ip_address(host).version
+        except ValueError:
+            version = 0
+        valid_host = version == 6 if bracketed else bool(version or _HOST_NAME.fullmatch(host))
+        if not valid_host or entry.endswith(":") or (
+                port and not (port.isdigit() and 0 < int(port) < 65536)):
+            raise ConfigError(f"{name}: {entry!r} is not a host or host:port (like "
+                              "media.example.com, cdn.internal:8080 or [fd00::1]:8080; no "
+                              "scheme, path or network range)")
+        if version:  # one spelling of each address, as the fetch guard compares them
+            host = str(ipaddress.ip_address(host))
+        found.add((host, int(port) if port else None))
+    return frozenset(found)
+
+
+def _account_allow_hosts(env: Mapping[str, str]) -> dict[str, frozenset[AllowedHost]]:
+    """VIDPOLL_MEDIA_ALLOW_HOSTS_<ACCOUNT> by account (set and not empty)."""
+    prefix = MEDIA_ALLOW_HOSTS_VARIABLE + "_"
+    lists: dict[str, frozenset[AllowedHost]] = {}
+    for name, value in env.items():
+        if name.startswith(prefix) and value.strip():
+            account = name.removeprefix(prefix).lower()
+            try:
+                validate_account(account)
+            except InvalidIntent as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+            lists[account] = parse_allow_hosts(value, name)
+    return lists
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def _bytes(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    match = re.fullmatch(r"(\d+)\s*([a-z]*)", raw.lower())
+    if match is None or match.group(2) not in _BYTE_UNITS or int(match.group(1)) < 1:
+        raise ConfigError(f"{name}={raw!r} must be a positive number of bytes (like "
+                          "2147483648, 500MiB or 2GiB)")
+    return int(match.group(1)) * _BYTE_UNITS[match.group(2)]
+
+
+def hook_path(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The absolute directories of VIDPOLL_HOOK_PATH (os.pathsep-separated; a relative one
+    counts from the working directory), or a ConfigError naming one that is not a directory."""
+    found: list[str] = []
+    for entry in env.get(HOOK_PATH_VARIABLE, "").split(os.pathsep):
+        if not entry.strip():
+            continue
+        path = os.path.abspath(entry.strip())
+        if not os.path.isdir(path):
+            raise ConfigError(f"{HOOK_PATH_VARIABLE}: {entry.strip()!r} is not a directory")
+        found.append(path)
+    return tuple(found)
 
 
 def _rates(env: Mapping[str, str], name: str, keys: Mapping[str, str]) -> dict[str, float]:

@@ -3,7 +3,9 @@
 Two kinds of consumer, each tracked per job in `vidpoll_deliveries` (queued by a trigger in the
 same transaction as the terminal transition, so no crash can skip one):
 
-- `download`: a completed job's media files into `--download-dir` (vidpoll.download);
+- `download`: a completed job's media files into `--download-dir` (vidpoll.download), each
+  URL through vidpoll.fetch_guard's rules (a URL they refuse, or a file too large, fails the
+  delivery at once: DownloadRefused; anything else retries);
 - `hook:<module:function>`: a user function called with the finished `Job` (its result, and
   its files when downloads are on, since hooks wait for the download).
 
@@ -57,7 +59,15 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from vidpoll import metrics
-from vidpoll.errors import ConfigError, DatabaseUnavailable, DiskError, DownloadError, UrlExpired
+from vidpoll.config import HOOK_PATH_VARIABLE, hook_path
+from vidpoll.errors import (
+    ConfigError,
+    DatabaseUnavailable,
+    DiskError,
+    DownloadError,
+    DownloadRefused,
+    UrlExpired,
+)
 from vidpoll.logs import event
 from vidpoll.media import MAX_MEDIA_URLS, media_urls, redact_urls
 from vidpoll.models import (
@@ -203,17 +213,28 @@ def hook_name(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def load_hook(spec: str) -> Hook:
-    """Import `module:function` (from the current directory too, as uvicorn does)."""
+def load_hook(spec: str, path: Sequence[str] | None = None) -> Hook:
+    """Import `module:function` from sys.path, then from `path` (default: VIDPOLL_HOOK_PATH).
+
+    The working directory is not searched unless asked (VIDPOLL_HOOK_PATH=., or PYTHONPATH):
+    put first on sys.path, any `json.py` or `aiohttp.py` lying where the worker was started
+    (a download directory, /tmp) would be imported in place of the real module. The
+    directories asked for go last, so they cannot shadow an installed module either."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"--on-terminal wants module:function, got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    for directory in hook_path(os.environ) if path is None else path:
+        if directory not in sys.path:
+            sys.path.append(directory)
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"cannot import {module_name!r} for --on-terminal: {exc}") from exc
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.split(".")[0]:
+            hint = (f" (the working directory is not searched: set {HOOK_PATH_VARIABLE}=. "
+                    "or PYTHONPATH, or install the module)")
+        raise ConfigError(f"cannot import {module_name!r} for --on-terminal: {exc}{hint}"
+                          ) from exc
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
@@ -260,8 +281,9 @@ class DeliveryStore(Protocol):
 class MediaDownloader(Protocol):
     """What downloads need from the file side (vidpoll.download.Downloader)."""
 
-    async def download(self, job_id: str, urls: list[str]) -> list[MediaFile]:
-        """Download every URL of one job; raises DownloadError subclasses."""
+    async def download(self, job_id: str, urls: list[str], account: str) -> list[MediaFile]:
+        """Download every URL of one job of `account` (whose fetch rules apply); raises
+        DownloadError subclasses (DownloadRefused: for good)."""
 
     def check_directory(self) -> None:
         """Raise if the directory cannot take files."""
@@ -790,7 +812,7 @@ class Deliverer(Runner):
             log.warning("job %s: its result carries no media URL; nothing downloaded",
                         job.job_id)
         try:
-            files = await self.downloader.download(job.job_id, urls)
+            files = await self.downloader.download(job.job_id, urls, job.account)
         except UrlExpired as exc:
             log.info("job %s: %s; fetching the result again for a fresh link", job.job_id, exc)
             return self._retry(claim, str(exc), refresh_result=True,
@@ -798,6 +820,12 @@ class Deliverer(Runner):
         except DiskError as exc:
             log.error("job %s: %s; the download is kept pending and retried", job.job_id, exc)
             return self._retry(claim, str(exc))
+        except DownloadRefused as exc:
+            # the URL (or where it leads) is not one this worker may fetch, or the file is
+            # too large: no retry can change that (`deliveries retry` after a fix can)
+            log.error("job %s: %s; the download failed for good", job.job_id,
+                      redact_urls(str(exc)))
+            return self._outcome(claim, "failed", error=redact_urls(str(exc))[:MAX_ERROR_TEXT])
         except DownloadError as exc:
             return self._retry(claim, str(exc))
         log.info("job %s: downloaded %d file(s), %d bytes", job.job_id, len(files),

@@ -21,6 +21,7 @@ from vidpoll.download import Downloader
 from vidpoll.embedded import EmbeddedNotInstalled, start_embedded
 from vidpoll.errors import ConfigError
 from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
+from vidpoll.fetch_guard import FetchPolicy
 from vidpoll.models import ClaimMode
 from vidpoll.policy import Budget, PollPolicy
 from vidpoll.store import PgStore, drop_database, migrate
@@ -135,7 +136,9 @@ async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
                 first_poll_s=1.0, drain=True, worker_id=f"demo-{i + 1}", policy=policy))
                 for i in range(n_workers)]
             parts: list[Worker | Submitter] = [*workers, *submitters]
-            downloader = await stack.enter_async_context(Downloader(videos))
+            # the fake serves media on its own origin, as the fetch rules allow
+            downloader = await stack.enter_async_context(
+                Downloader(videos, policy=FetchPolicy.for_origin(base_url)))
             deliverer = Deliverer(store, DeliveryConfig(drain=True, policy=policy,
                                                         worker_id="demo-downloads"),
                                   downloader)

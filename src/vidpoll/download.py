@@ -2,28 +2,41 @@
 
 A crash at any point leaves either nothing, a `.part` file (resumed with a Range request, or
 restarted if the server ignores it) or the complete file under its final name; never a half
-file under the final name. The Sume API key is never sent to media hosts (their own session,
-no Authorization header) and a URL is only ever shown without its query string.
+file under the final name. Every URL is fetched through vidpoll.fetch_guard (which hosts and
+addresses, redirects, size, deadline and minimum rate); the Sume API key is never sent to
+media hosts, and a URL is only ever shown without its query string.
+
+Files are reached through directory file descriptors (`dir_fd=`) and opened with
+`O_NOFOLLOW`: the job's directory, its `.part` file and its final file are never a symbolic
+link followed somewhere else (a link planted there makes the try fail with a DiskError that
+says so; a link in place of the final name is replaced by the rename, its target untouched),
+and a `.part` that is not a plain file of its own (a device, a pipe, a hard link) is refused.
+Only the download directory itself may be a link: the operator chose it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import hashlib
 import os
 import re
+import secrets
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-import aiohttp
-from yarl import URL
+from aiohttp.abc import AbstractResolver
 
-from vidpoll.errors import DiskError, DownloadError, UrlExpired
-from vidpoll.media import file_names, job_dir_name, redact_urls, shown_url
-from vidpoll.models import MediaFile
+from vidpoll.config import Settings
+from vidpoll.errors import DiskError, DownloadError, DownloadRefused, UrlExpired
+from vidpoll.fetch_guard import FetchGuard, FetchPolicy
+from vidpoll.media import file_names, job_dir_name, shown_url
+from vidpoll.models import DEFAULT_ACCOUNT, MediaFile
 
 CHUNK_BYTES = 1 << 16
 WRITE_BATCH_BYTES = 1 << 20
@@ -31,6 +44,7 @@ WRITE_BATCH_BYTES = 1 << 20
 EXPIRED_STATUSES = frozenset({401, 403, 404, 410})
 """A media host's answers to a signed link that expired (or was never valid)."""
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 def _disk_error(exc: OSError, path: Path) -> DiskError:
@@ -39,144 +53,223 @@ def _disk_error(exc: OSError, path: Path) -> DiskError:
               errno.EACCES: "permission denied", errno.EPERM: "permission denied",
               errno.EROFS: "the file system is read-only",
               errno.ENOTDIR: "a path component is not a directory",
+              errno.ELOOP: "it is a symbolic link, and links there are not followed",
               }.get(exc.errno or 0, exc.strerror or type(exc).__name__)
     return DiskError(f"cannot write {path}: {reason}")
+
+
+@dataclass
+class _Dirs:
+    """Open descriptors of the download directory and of one job's directory in it."""
+
+    base: int
+    job: int
+
+    def close(self) -> None:
+        os.close(self.job)
+        os.close(self.base)
 
 
 class Downloader:
     """Downloads the media of completed jobs into `directory/<job>/<n>-<name>`."""
 
-    def __init__(self, directory: str | os.PathLike[str], *, connect_timeout_s: float = 15.0,
-                 read_timeout_s: float = 60.0, max_connections: int = 8) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, policy: FetchPolicy | None = None,
+                 connect_timeout_s: float = 15.0, read_timeout_s: float = 60.0,
+                 max_connections: int = 8,
+                 resolver: AbstractResolver | None = None) -> None:
+        """`policy`: which URLs of which account may be fetched, and the limits (none given:
+        https:// to public addresses only, default limits); `resolver`: an aiohttp resolver
+        to resolve names with (its answers are still checked)."""
         self.directory = Path(directory).absolute()
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s,
-                                              sock_read=read_timeout_s)
-        self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        # the bytes as stored: a transparently decompressed body would never match its
+        # Content-Length, a Range offset counts stored bytes, and so does the size limit
+        self._guard = FetchGuard(policy, connect_timeout_s=connect_timeout_s,
+                                 read_timeout_s=read_timeout_s, max_connections=max_connections,
+                                 resolver=resolver, headers={"Accept-Encoding": "identity"})
+
+    @classmethod
+    def from_settings(cls, directory: str | os.PathLike[str], settings: Settings,
+                      **kwargs: Any) -> Downloader:
+        """A Downloader with the fetch policy the environment sets (FetchPolicy.from_settings:
+        SUME_BASE_URL, VIDPOLL_MEDIA_ALLOW_HOSTS*, VIDPOLL_DOWNLOAD_*)."""
+        return cls(directory, policy=FetchPolicy.from_settings(settings), **kwargs)
+
+    @property
+    def policy(self) -> FetchPolicy:
+        """The fetch policy in force."""
+        return self._guard.policy
 
     async def __aenter__(self) -> Downloader:
-        # the bytes as stored: a transparently decompressed body would never match its
-        # Content-Length, and a Range offset counts stored bytes
-        self._session = aiohttp.ClientSession(
-            timeout=self._timeout, raise_for_status=False, auto_decompress=False,
-            connector=aiohttp.TCPConnector(limit=self._max_connections),
-            headers={"User-Agent": "vidpoll", "Accept-Encoding": "identity"})
+        await self._guard.__aenter__()
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._guard.__aexit__(exc_type, exc, tb)
 
     def check_directory(self) -> None:
         """Create the directory if needed and prove it takes a file; DiskError if not."""
-        probe = self.directory / ".vidpoll-write-test"
+        # a fresh name, created exclusively: a link planted under a fixed name is never
+        # followed (O_EXCL fails on any existing entry, a link included)
+        probe = self.directory / f".vidpoll-write-test-{os.getpid()}-{secrets.token_hex(4)}"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            probe.write_bytes(b"")
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
+            os.close(fd)
             probe.unlink()
         except OSError as exc:
             raise _disk_error(exc, probe) from exc
 
-    async def download(self, job_id: str, urls: list[str]) -> list[MediaFile]:
-        """Every URL of one job, in order; raises a DownloadError subclass on the first
-        failure (files already complete stay and are not fetched again next time)."""
-        folder = self.directory / job_dir_name(job_id)
+    async def download(self, job_id: str, urls: list[str], account: str = DEFAULT_ACCOUNT
+                       ) -> list[MediaFile]:
+        """Every URL of one job of `account`, in order; raises a DownloadError subclass on
+        the first failure (files already complete stay and are not fetched again next time;
+        a refused URL leaves no partial file of its own)."""
+        name = job_dir_name(job_id)
+        folder = self.directory / name
         try:
-            await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+            dirs = await asyncio.to_thread(_open_dirs, self.directory, name)
         except OSError as exc:
             raise _disk_error(exc, folder) from exc
-        return [await self._one(url, folder / name)
-                for url, name in zip(urls, file_names(urls), strict=True)]
-
-    async def _one(self, url: str, final: Path) -> MediaFile:
-        part = final.with_name(f".{final.name}.part")
         try:
-            if await asyncio.to_thread(final.exists):
+            return [await self._one(account, url, dirs, folder, file_name)
+                    for url, file_name in zip(urls, file_names(urls), strict=True)]
+        except DownloadRefused:
+            await asyncio.to_thread(_remove_if_empty, dirs.base, name)
+            raise
+        finally:
+            dirs.close()
+
+    async def _one(self, account: str, url: str, dirs: _Dirs, folder: Path, name: str
+                   ) -> MediaFile:
+        part = folder / f".{name}.part"
+        try:
+            if await asyncio.to_thread(_plain_file, dirs.job, name):
                 # complete and renamed before a crash kept it from being recorded
-                size, digest = await asyncio.to_thread(_hash_file, final)
+                size, digest = await asyncio.to_thread(_hash_file, dirs.job, name)
             else:
-                size, digest = await self._fetch(url, part, final)
+                size, digest = await self._fetch(account, url, dirs, part, name)
         except OSError as exc:
             raise _disk_error(exc, part) from exc
-        return MediaFile(str(final), size, digest, shown_url(url))
+        return MediaFile(str(folder / name), size, digest, shown_url(url))
 
-    async def _fetch(self, url: str, part: Path, final: Path) -> tuple[int, str]:
+    async def _fetch(self, account: str, url: str, dirs: _Dirs, part: Path, name: str
+                     ) -> tuple[int, str]:
         """Stream `url` into `part` (resuming what it holds) under an exclusive lock, fsync
-        it and rename it to `final` still holding the lock; (size, sha256)."""
-        assert self._session is not None, "use `async with Downloader(...)`"
-        out = await asyncio.to_thread(_open_locked, part)
+        it and rename it to `name` still holding the lock; (size, sha256). A refused URL or
+        size removes the partial file."""
+        out = await asyncio.to_thread(_open_locked, dirs.job, part)
         try:
-            return await self._fill(url, out, part, final)
+            return await self._fill(account, url, out, dirs, part.name, name)
+        except DownloadRefused:
+            await asyncio.to_thread(_discard, out, dirs.job, part.name)
+            raise
         finally:
             out.close()  # also releases the lock
 
-    async def _fill(self, url: str, out: BinaryIO, part: Path, final: Path
-                    ) -> tuple[int, str]:
-        assert self._session is not None
+    async def _fill(self, account: str, url: str, out: BinaryIO, dirs: _Dirs, part: str,
+                    name: str) -> tuple[int, str]:
         offset = os.fstat(out.fileno()).st_size
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         shown = shown_url(url)
         hasher = hashlib.sha256()
-        try:
-            # sent byte for byte as Sume gave it: re-encoding would break a signature
-            async with self._session.get(URL(url, encoded=True), headers=headers,
-                                         allow_redirects=True, max_redirects=5) as resp:
-                if resp.status in EXPIRED_STATUSES:
-                    raise UrlExpired(f"{shown} answered HTTP {resp.status}: the link expired")
-                content_range = resp.headers.get("Content-Range", "")
-                if resp.status == 416:
-                    if content_range == f"bytes */{offset}":  # complete before a crash
-                        await asyncio.to_thread(_hash_into, out, hasher, offset)
-                        await asyncio.to_thread(_sync_and_publish, out, part, final)
-                        return offset, hasher.hexdigest()
+        async with self._guard.get(account, url, headers=headers, held=offset) as resp:
+            if resp.status in EXPIRED_STATUSES:
+                raise UrlExpired(f"{shown} answered HTTP {resp.status}: the link expired")
+            content_range = resp.headers.get("Content-Range", "")
+            if resp.status == 416:
+                if content_range == f"bytes */{offset}":  # complete before a crash
+                    await asyncio.to_thread(_hash_into, out, hasher, offset)
+                    await asyncio.to_thread(_sync_and_publish, out, dirs, part, name)
+                    return offset, hasher.hexdigest()
+                await asyncio.to_thread(_restart, out)
+                raise DownloadError(f"{shown}: the partial file does not fit the media "
+                                    "(HTTP 416); starting over")
+            expected: int | None
+            if resp.status == 206:
+                match = _CONTENT_RANGE.fullmatch(content_range)
+                if match is None or int(match.group(1)) != offset:
                     await asyncio.to_thread(_restart, out)
-                    raise DownloadError(f"{shown}: the partial file does not fit the media "
-                                        "(HTTP 416); starting over")
-                expected: int | None
-                if resp.status == 206:
-                    match = _CONTENT_RANGE.fullmatch(content_range)
-                    if match is None or int(match.group(1)) != offset:
-                        await asyncio.to_thread(_restart, out)
-                        raise DownloadError(f"{shown}: the server resumed at the wrong place")
-                    expected = None if match.group(3) == "*" else int(match.group(3))
-                elif resp.status == 200:
-                    offset = 0  # the server ignores Range (or there was nothing): start over
-                    expected = (int(resp.headers["Content-Length"])
-                                if resp.headers.get("Content-Length", "").isdigit() else None)
-                else:
-                    raise DownloadError(f"{shown} answered HTTP {resp.status}")
-                await asyncio.to_thread(_hash_into, out, hasher, offset)
-                written = offset
-                batch = bytearray()
-                async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
-                    batch += chunk
-                    if len(batch) >= WRITE_BATCH_BYTES:
-                        await asyncio.to_thread(_write, out, hasher, bytes(batch))
-                        written += len(batch)
-                        batch.clear()
-                if batch:
+                    raise DownloadError(f"{shown}: the server resumed at the wrong place")
+                expected = None if match.group(3) == "*" else int(match.group(3))
+            elif resp.status == 200:
+                offset = 0  # the server ignores Range (or there was nothing): start over
+                expected = (int(resp.headers["Content-Length"])
+                            if resp.headers.get("Content-Length", "").isdigit() else None)
+            else:
+                raise DownloadError(f"{shown} answered HTTP {resp.status}")
+            await asyncio.to_thread(_hash_into, out, hasher, offset)
+            written = offset
+            batch = bytearray()
+            while chunk := await resp.read():
+                batch += chunk
+                if len(batch) >= WRITE_BATCH_BYTES:
                     await asyncio.to_thread(_write, out, hasher, bytes(batch))
                     written += len(batch)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise DownloadError(f"{shown}: {type(exc).__name__}: "
-                                f"{redact_urls(str(exc))[:200]}") from exc
+                    batch.clear()
+            if batch:
+                await asyncio.to_thread(_write, out, hasher, bytes(batch))
+                written += len(batch)
         if expected is not None and written != expected:
             raise DownloadError(f"{shown}: got {written} of {expected} bytes; resumed next time")
-        await asyncio.to_thread(_sync_and_publish, out, part, final)
+        await asyncio.to_thread(_sync_and_publish, out, dirs, part, name)
         return written, hasher.hexdigest()
 
 
-def _open_locked(part: Path) -> BinaryIO:
-    """Open (or create) the partial file and lock it, so two downloads of one file (two
-    workers after a lost lease) never write into it at once."""
-    fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
+def _open_dirs(base: Path, name: str) -> _Dirs:
+    """Create (if needed) and open the download directory and the job's directory in it,
+    the latter never through a symbolic link."""
+    base.mkdir(parents=True, exist_ok=True)
+    base_fd = os.open(base, _DIRECTORY)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, dir_fd=base_fd)
+        try:
+            job_fd = os.open(name, _DIRECTORY | os.O_NOFOLLOW, dir_fd=base_fd)
+        except NotADirectoryError:  # what Linux says of a link opened this way
+            if stat.S_ISLNK(os.stat(name, dir_fd=base_fd, follow_symlinks=False).st_mode):
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP)) from None
+            raise
+    except BaseException:
+        os.close(base_fd)
+        raise
+    return _Dirs(base_fd, job_fd)
+
+
+def _remove_if_empty(base_fd: int, name: str) -> None:
+    """Remove a job's directory that holds nothing (a refused download leaves no trace)."""
+    with contextlib.suppress(OSError):
+        os.rmdir(name, dir_fd=base_fd)
+
+
+def _plain_file(dir_fd: int, name: str) -> bool:
+    """Whether `name` is a regular file with no other link (not a symbolic link to one)."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
+def _open_locked(dir_fd: int, part: Path) -> BinaryIO:
+    """Open (or create) the partial file, never through a link, and lock it, so two
+    downloads of one file (two workers after a lost lease) never write into it at once."""
+    fd = os.open(part.name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                 dir_fd=dir_fd)
     out = os.fdopen(fd, "r+b")
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise DiskError(f"cannot write {part}: it is not a plain file of its own (a "
+                            "device, a pipe or a hard link to another file); not written")
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         # the lock holder may have published it meanwhile: then this is the final file
-        if os.fstat(fd).st_ino != os.stat(part).st_ino:
+        try:
+            now = os.stat(part.name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             raise DownloadError(f"{part.name} was published meanwhile")
     except BlockingIOError:
         out.close()
@@ -185,6 +278,15 @@ def _open_locked(part: Path) -> BinaryIO:
         out.close()
         raise
     return out
+
+
+def _discard(out: BinaryIO, dir_fd: int, part: str) -> None:
+    """Remove the partial file `out` holds (locked), if its name still leads to it."""
+    with contextlib.suppress(FileNotFoundError):
+        st = os.fstat(out.fileno())
+        now = os.stat(part, dir_fd=dir_fd, follow_symlinks=False)
+        if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+            os.unlink(part, dir_fd=dir_fd)
 
 
 def _restart(out: BinaryIO) -> None:
@@ -213,24 +315,21 @@ def _write(out: BinaryIO, hasher: hashlib._Hash, data: bytes) -> None:
     hasher.update(data)
 
 
-def _sync_and_publish(out: BinaryIO, part: Path, final: Path) -> None:
-    """fsync the file, rename it into place, and make the rename (and the job's directory
-    entry) durable."""
+def _sync_and_publish(out: BinaryIO, dirs: _Dirs, part: str, name: str) -> None:
+    """fsync the file, rename it into place (a link there is replaced, never followed), and
+    make the rename (and the job's directory entry) durable."""
     out.flush()
     os.fsync(out.fileno())
-    os.replace(part, final)
-    for folder in (final.parent, final.parent.parent):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    os.replace(part, name, src_dir_fd=dirs.job, dst_dir_fd=dirs.job)
+    os.fsync(dirs.job)
+    os.fsync(dirs.base)
 
 
-def _hash_file(path: Path) -> tuple[int, str]:
+def _hash_file(dir_fd: int, name: str) -> tuple[int, str]:
     hasher = hashlib.sha256()
     size = 0
-    with open(path, "rb") as f:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    with os.fdopen(fd, "rb") as f:
         while data := f.read(WRITE_BATCH_BYTES):
             hasher.update(data)
             size += len(data)

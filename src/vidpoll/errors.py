@@ -10,7 +10,8 @@
     ├── IntentRejected       Sume refused a submission for good (402, 422, ...)
     └── DownloadError        a media download attempt failed (retried later)
         ├── UrlExpired       the media host refused the link: fetch the result again
-        └── DiskError        the directory cannot take the file (full, read-only, ...)
+        ├── DiskError        the directory cannot take the file (full, read-only, ...)
+        └── DownloadRefused  the fetch rules refuse the URL or the file's size: never retried
 """
 
 from __future__ import annotations
@@ -65,3 +66,8 @@ class UrlExpired(DownloadError):
 
 class DiskError(DownloadError):
     """The directory cannot take the file (full, read-only, not a directory, no permission)."""
+
+
+class DownloadRefused(DownloadError):
+    """A URL (or one of its redirects) the fetch rules refuse, or a file over the size limit:
+    the delivery fails at once, never retried (vidpoll.fetch_guard)."""

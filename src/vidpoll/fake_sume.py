@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
@@ -542,7 +543,8 @@ class FakeSume:
             self.auth_failures += 1
             return self._error(401, "unauthorized", "invalid API key")
         refused, headers = self._limit(request, "read")
-        answer = refused or await self._status_answer(job_id)
+        answer = refused or await self._status_answer(
+            job_id, request.headers.get("Authorization", ""))
         answer.headers.update(headers)
         self.read_log.append((time.monotonic(),
                               request.headers.get("Authorization", "").removeprefix("Bearer "),
@@ -551,7 +553,7 @@ class FakeSume:
             self.answer_log.append((time.time(), job_id))
         return answer
 
-    async def _status_answer(self, job_id: str) -> web.StreamResponse:
+    async def _status_answer(self, job_id: str, auth: str = "") -> web.StreamResponse:
         cfg = self.config
         job = self.jobs.get(job_id)
         if job is None and cfg.auto_create:
@@ -561,7 +563,7 @@ class FakeSume:
             return self._error(404, "not_found", "no such job")
         if job.script:
             step = job.script.pop(0) if len(job.script) > 1 else job.script[0]
-            return await self._scripted(job, step)
+            return await self._scripted(job, step, auth)
         if time.monotonic() - job.created < cfg.not_found_for_s:
             self.faults["404_new"] += 1
             return self._error(404, "not_found", "no such job")
@@ -658,13 +660,20 @@ class FakeSume:
         return web.Response(text="<html><body>502 Bad Gateway</body></html>",
                             content_type="text/html")
 
-    async def _scripted(self, job: FakeJob, step: dict[str, Any]) -> web.StreamResponse:
+    async def _scripted(self, job: FakeJob, step: dict[str, Any],
+                        auth: str = "") -> web.StreamResponse:
         """One scripted answer: {"hang": s} | {"http": code, "headers": {...}, "raw": text}
-        | {"body": {...}} | {"sume_status": s, "terminal": b, ...} | {"fault": name}."""
+        | {"body": {...}} | {"sume_status": s, "terminal": b, ...} | {"fault": name}
+        | {"echo_key": form, "http": code} (see `echo_answer`)."""
         if "hang" in step:
             await asyncio.sleep(float(step["hang"]))
         if "fault" in step:
             return await self._fault(str(step["fault"]))
+        if "echo_key" in step:
+            code = int(step.get("http", 400))
+            self.answers[code] += 1
+            text, content_type = echo_answer(str(step["echo_key"]), auth)
+            return web.Response(status=code, text=text, content_type=content_type)
         code = int(step.get("http", 200))
         headers = step.get("headers")
         if "raw" in step:
@@ -765,6 +774,40 @@ class FakeSume:
                 return web.json_response({"error": f"unknown setting {key}"}, status=400)
             setattr(self.config, key, value)
         return web.json_response(asdict(self.config))
+
+
+ECHO_FORMS = ("raw", "slash", "unicode", "percent", "html")
+"""How `echo_answer` writes the request's Authorization header back: as sent, JSON with every
+`/` escaped (`\\/`, as PHP's json_encode writes it), JSON with each of its characters
+`\\u`-escaped, percent-encoded (a URL's query), or an HTML page with character references
+(`&#x2F;`, `&#x3D;`, `&#43;`)."""
+
+
+def echo_answer(form: str, auth: str) -> tuple[str, str]:
+    """An error body that quotes the request's Authorization header (key included) in
+    `form` (one of ECHO_FORMS), as a provider or a proxy may when it refuses a request:
+    (text, content type). The JSON forms are Sume's error envelope, the header also in an
+    object key and under `echo`."""
+    if form == "html":
+        shown = "".join({"/": "&#x2F;", "=": "&#x3D;", "+": "&#43;"}.get(c, c) for c in auth)
+        return (f"<html><body><h1>Bad Request</h1><p>Header Authorization: {shown}</p>"
+                "</body></html>", "text/html")
+    mark = "\x00echo\x00"
+    body = {"error": {"code": "invalid_request",
+                      "message": f"Authorization: {mark} is not allowed here"},
+            "echo": {"authorization": mark, mark: True},
+            "request_id": f"req_{uuid.uuid4().hex[:16]}"}
+    text = json.dumps(body)
+    quoted = json.dumps(auth)[1:-1]
+    if form == "slash":
+        text, quoted = text.replace("/", "\\/"), quoted.replace("/", "\\/")
+    elif form == "unicode":
+        quoted = "".join(f"\\u{ord(c):04x}" for c in auth)
+    elif form == "percent":
+        quoted = quote(auth, safe="")
+    elif form != "raw":
+        raise ValueError(f"echo_key: one of {', '.join(ECHO_FORMS)}, not {form!r}")
+    return text.replace(json.dumps(mark)[1:-1], quoted), "application/json"
 
 
 async def start_fake(fake: FakeSume, host: str = "127.0.0.1",

@@ -26,7 +26,8 @@ from vidpoll.media import redact_urls
 EVENT_FIELDS = ("job_id", "account", "outcome", "http_status", "request_id", "key",
                 "consumer", "worker_id", "error_class")
 """The fields an event may carry (anything else passed in `extra` is ignored)."""
-SECRET_VARIABLES = ("SUME_WEBHOOK_SECRET", "VIDPOLL_DASHBOARD_TOKEN", "PGPASSWORD")
+SECRET_VARIABLES = ("SUME_WEBHOOK_SECRET", "VIDPOLL_DASHBOARD_TOKEN", "VIDPOLL_METRICS_TOKEN",
+                    "PGPASSWORD")
 """Besides SUME_API_KEY, SUME_API_KEY_<ACCOUNT> and the password in DATABASE_URL."""
 _CONNINFO_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
 _BEARER = re.compile(r"(?i)(bearer\s+)[^\s'\",]+")
@@ -132,20 +133,60 @@ class Redactor:
         return text
 
 
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e"
+                          "\u2066-\u2069]")
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group(0)
+    return _SHORT_ESCAPES.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100
+                                        else f"\\u{ord(char):04x}")
+
+
+def printable(text: str) -> str:
+    """`text` safe for one line of a terminal or a text log: each control character (C0,
+    DEL, C1: a newline that would start a forged log line, a carriage return that hides
+    what came before, an ESC that moves the cursor or recolours the screen), the Unicode line
+    and paragraph separators and the bidirectional controls that reorder what is shown,
+    written as a visible escape (`\\n`, `\\x1b`, `\\u202e`). Everything else is kept as it is.
+
+    Text logs, `say()` and the CLI's tables and lines pass job ids, errors and provider
+    words through it; JSON lines need not (json escapes them)."""
+    return _UNPRINTABLE.sub(_escape, text) if _UNPRINTABLE.search(text) else text
+
+
 class TextFormatter(logging.Formatter):
-    """`time LEVEL logger: message key=value ...`, redacted."""
+    """`time LEVEL logger: message key=value ...`, redacted, on one line whatever the message
+    and the fields hold (`printable`); a traceback follows on lines of its own, each indented,
+    so no text in it can pass for a line of the log."""
 
     def __init__(self, redactor: Redactor) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.redact = redactor
 
     def format(self, record: logging.LogRecord) -> str:
-        """The line, with the event's fields appended, then redacted."""
-        text = super().format(record)
+        """The line, with the event's fields appended, redacted, then made printable."""
+        record.message = record.getMessage()
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        text = self.formatMessage(record)
         fields = _fields(record)
         if fields:
             text += " " + " ".join(f"{k}={v}" for k, v in fields.items())
-        return self.redact(text)
+        # redacted before it is escaped: an escape must not split a secret it would hide
+        text = printable(self.redact(text))
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        more = []
+        if record.exc_text:
+            more.append(record.exc_text)
+        if record.stack_info:
+            more.append(self.formatStack(record.stack_info))
+        if more:
+            text += "".join(f"\n  {printable(line)}"
+                            for line in self.redact("\n".join(more)).split("\n"))
+        return text
 
 
 class JsonFormatter(logging.Formatter):
@@ -196,7 +237,7 @@ def say(level: str, message: str, logger: str = "vidpoll") -> str:
     text = " ".join(str(message).split())
     redact: Redactor = _console["redact"]
     if not _console["json"]:
-        return redact(text if level == "info" else f"{level}: {text}")
+        return printable(redact(text if level == "info" else f"{level}: {text}"))
     return json.dumps({"ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
                        "level": "info" if level == "note" else level, "logger": logger,
                        "msg": redact(text)},

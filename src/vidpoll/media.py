@@ -4,8 +4,9 @@ form of a URL that may be shown (no query string, no credentials). No I/O."""
 from __future__ import annotations
 
 import hashlib
+import html
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
@@ -85,25 +86,101 @@ def file_names(urls: list[str]) -> list[str]:
     return names
 
 
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+_SLASH = r"(?:/|\\+/|\\+u002[fF]|%(?:25)*2[fF]|&#(?:0*47|[xX]0*2[fF]);?|&sol;)"
+_URL_IN_TEXT = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.-]*(?P<sep>://|(?::|%(?:25)*3[aA])" + _SLASH + "{2})"
+    r"[^\s'\"<>]+")
+"""A URL in free text, its `://` as written or escaped: JSON's `\\/` and `\\u002f` (any
+number of backslashes: JSON inside a JSON string), percent-encoding (`%3A%2F%2F`, `%253A...`)
+or an HTML character reference (`&#x2F;`, `&#47;`, `&sol;`), as an error page may quote it."""
+_JSON_ESCAPE = re.compile(r"\\+(?:u([0-9a-fA-F]{4})|([/\"]))")
+MAX_UNESCAPE_ROUNDS = 4
+"""An escaped URL is decoded at most this many times over (a URL percent-encoded into a
+JSON string inside an HTML page is three)."""
+
+
+def _json_unescape(match: re.Match[str]) -> str:
+    if not match.group(1):
+        return match.group(2)
+    code = int(match.group(1), 16)
+    # a lone surrogate stays written as it was: as a character it could not be encoded again
+    return match.group(0) if 0xD800 <= code <= 0xDFFF else chr(code)
+
+
+def _unescaped(url: str) -> str:
+    """An escaped URL as its own text (JSON escapes, percent-encoding, HTML references)."""
+    for _ in range(MAX_UNESCAPE_ROUNDS):
+        before = url
+        url = _JSON_ESCAPE.sub(_json_unescape, url)
+        url = unquote(html.unescape(url), errors="surrogateescape")
+        if url == before:
+            break
+    return url
+
+
+def _shown_match(match: re.Match[str]) -> str:
+    url = match.group(0)
+    # a URL written plainly is shown as before, byte for byte; an escaped one is decoded
+    # first (its `?` may itself be escaped), then shown
+    return shown_url(url if match.group("sep") == "://" else _unescaped(url))
 
 
 def redact_urls(text: str) -> str:
     """`text` with every URL in it shown by `shown_url` (error messages of HTTP libraries and
-    user hooks often quote the signed URL they were given)."""
-    return _URL_IN_TEXT.sub(lambda m: shown_url(m.group(0)), text)
+    user hooks often quote the signed URL they were given; an error page may quote it
+    JSON-escaped, percent-encoded or HTML-escaped: those lose their query string too)."""
+    return _URL_IN_TEXT.sub(_shown_match, text)
 
 
 def without_signatures(value: Any) -> Any:
     """A copy of a JSON value with every URL string shown by `shown_url` (for `jobs show`,
-    the dashboard and logs: a stored result keeps its signed links, nothing shown does)."""
-    if isinstance(value, dict):
-        return {k: without_signatures(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [without_signatures(v) for v in value]
-    if isinstance(value, str) and "://" in value:
-        return redact_urls(value)
-    return value
+    the dashboard and logs: a stored result keeps its signed links, nothing shown does).
+    Iterative: a stored body of any depth is shown without a RecursionError."""
+    return map_strings(value, lambda s: redact_urls(s) if may_hold_url(s) else s)[0]
+
+
+def may_hold_url(text: str) -> bool:
+    """Whether `text` may hold a URL `redact_urls` would change (a cheap test first)."""
+    return ":" in text or "%" in text  # the scheme's colon, as written or percent-encoded
+
+
+def map_strings(value: Any, change: Callable[[str], str],
+                keys: Callable[[str], str] | None = None) -> tuple[Any, bool]:
+    """A copy of a JSON value with `change` applied to every string in it (and `keys` to every
+    object key), and whether anything changed. Iterative, never recursive: a body nested
+    100,000 deep is walked without a RecursionError."""
+    changed = False
+
+    def fresh(node: Any) -> Any:
+        nonlocal changed
+        if isinstance(node, str):
+            new = change(node)
+            changed = changed or new != node
+            return new
+        if isinstance(node, dict):
+            return {}
+        if isinstance(node, list):
+            return []
+        return node
+
+    root = fresh(value)
+    stack: list[tuple[Any, Any]] = [(value, root)] if isinstance(value, dict | list) else []
+    while stack:
+        source, target = stack.pop()
+        if isinstance(source, dict):
+            for k, v in source.items():
+                new_key = keys(k) if keys is not None and isinstance(k, str) else k
+                changed = changed or new_key != k
+                target[new_key] = child = fresh(v)
+                if isinstance(v, dict | list):
+                    stack.append((v, child))
+        else:
+            for v in source:
+                child = fresh(v)
+                target.append(child)
+                if isinstance(v, dict | list):
+                    stack.append((v, child))
+    return root, changed
 
 
 def job_path_segment(job_id: str) -> str:

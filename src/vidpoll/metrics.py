@@ -14,6 +14,9 @@ from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from vidpoll.models import LOCAL_TERMINAL_STATES, PENDING
+from vidpoll.policy import TERMINAL_STATUSES
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 """This process's metrics (not prometheus_client's global registry)."""
 
@@ -54,6 +57,10 @@ FENCED_OUT = Counter("vidpoll_fenced_out_total", "Writes refused because another
                      "owns the row now.", registry=REGISTRY)
 DB_ERRORS = Counter("vidpoll_database_errors_total", "Database calls that failed (outage).",
                     registry=REGISTRY)
+WEBHOOKS_REJECTED = Counter("vidpoll_webhooks_rejected_total", "Webhook deliveries refused, "
+                           "by reason (a fixed set: unsigned, timestamp, signature, too_large, "
+                           "malformed). Exported by `vidpoll serve`; the log shows at most one "
+                           "line per reason a minute.", ["reason"], registry=REGISTRY)
 TABLE_REGISTRY = CollectorRegistry(auto_describe=True)
 """The table's own figures, exported by `vidpoll serve` only: every worker exporting them too
 would multiply them in any sum over instances (and read the table once per worker). Which of
@@ -63,7 +70,8 @@ JOBS = Gauge("vidpoll_jobs", "Rows of video_jobs by state, read at most every 5 
              "The finished states are exact while the table holds at most 100,000 rows and "
              "ESTIMATES beyond that: PostgreSQL's row estimate (reltuples scaled to the "
              "table's size) minus pending, split by ANALYZE's sample, or one 'finished' "
-             "figure if the table was never analyzed. vidpoll_jobs_estimated says which.",
+             "figure if the table was never analyzed. vidpoll_jobs_estimated says which. "
+             "A state word vidpoll does not know (a provider's own) is counted as 'other'.",
              ["state"], registry=TABLE_REGISTRY)
 JOBS_ESTIMATED = Gauge("vidpoll_jobs_estimated", "1 where vidpoll_jobs{state} is an estimate "
                        "now, 0 where it is an exact count.", ["state"],
@@ -76,6 +84,28 @@ DUE = Gauge("vidpoll_due_rows", "Pending rows due now: exact, counted through th
             "tells how far behind).", registry=TABLE_REGISTRY)
 OLDEST_DUE = Gauge("vidpoll_oldest_due_seconds", "How late the most overdue pending row is "
                    "(exact).", registry=TABLE_REGISTRY)
+
+
+STATE_LABELS = frozenset({PENDING, *TERMINAL_STATUSES, *LOCAL_TERMINAL_STATES, "finished"})
+"""The values of a `state` label: the states vidpoll knows (pending, the terminal words it
+recognises, its own gave_up and not_found, and `finished`, the estimate's one word for every
+finished row before ANALYZE), and OTHER_STATE for the rest. A provider that answers
+`terminal: true` with words of its choosing must not mint a time series per word."""
+OTHER_STATE = "other"
+
+
+def state_label(state: str) -> str:
+    """The label value of a job's state: the state itself if vidpoll knows it, else `other`."""
+    return state if state in STATE_LABELS else OTHER_STATE
+
+
+def counts_by_state_label(counts: dict[str, int]) -> dict[str, int]:
+    """Rows per state label: the states vidpoll does not know summed under `other`."""
+    labelled: dict[str, int] = {}
+    for state, n in counts.items():
+        label = state_label(state)
+        labelled[label] = labelled.get(label, 0) + n
+    return labelled
 
 
 @dataclass
@@ -141,6 +171,6 @@ def metric_names() -> Iterator[str]:
     """Every metric family this module defines (for docs and tests)."""
     for collector in (POLLS, READ_SECONDS, LATENESS, CLAIM_BATCH, IN_FLIGHT, SUBMISSIONS,
                       RESULT_FETCHES, DELIVERIES, TOKENS, BUDGET_WAITS, SERVER_PAUSES,
-                      MISROUTE_PAUSES, FENCED_OUT, DB_ERRORS, JOBS, JOBS_ESTIMATED,
-                      STATISTICS_AGE, DUE, OLDEST_DUE):
+                      MISROUTE_PAUSES, FENCED_OUT, DB_ERRORS, WEBHOOKS_REJECTED, JOBS,
+                      JOBS_ESTIMATED, STATISTICS_AGE, DUE, OLDEST_DUE):
         yield from (m.name for m in collector.describe())

@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from vidpoll.aio import cancel_and_wait
 from vidpoll.errors import DatabaseUnavailable, KeyConflict, SchemaError
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
@@ -428,10 +429,7 @@ class _Listener:
 
     async def _stop_reader(self) -> None:
         reader, self._reader = self._reader, None
-        if reader is not None and not reader.done():
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+        await cancel_and_wait(reader)
 
     async def _drop(self) -> None:
         await self._stop_reader()
@@ -742,6 +740,31 @@ class PgStore:
         """Per account: rows due now and how late the oldest is."""
         return await self._all("backlog_by_account", {})
 
+    # -- the dashboard's sign-in state (migration 0013, sql/dashboard.sql) ----------------------
+
+    async def dashboard_salt(self, candidate: bytes) -> bytes:
+        """The database's salt for the dashboard's signing key; `candidate` becomes it if
+        there is none yet (the first `serve` with a token), so every `serve` agrees."""
+        for _ in range(3):  # a first start racing another sees no row once: ask again
+            row = await self._one("dashboard_salt", {"salt": candidate})
+            if row is not None:
+                return bytes(row["salt"])
+        raise DatabaseUnavailable("the dashboard's salt could be neither stored nor read")
+
+    async def add_dashboard_session(self, digest: bytes, max_age_s: float) -> None:
+        """Record a signed-in session (by its id's digest) for `max_age_s` seconds."""
+        await self._execute("add_dashboard_session", {"digest": digest,
+                                                      "max_age_s": max_age_s})
+
+    async def dashboard_session_live(self, digest: bytes) -> bool:
+        """Whether the session was signed in and is neither logged out nor expired."""
+        row = await self._one("dashboard_session_live", {"digest": digest})
+        return bool(row and row["live"])
+
+    async def end_dashboard_session(self, digest: bytes) -> bool:
+        """Log a session out for every `serve`; False: it was not signed in (any more)."""
+        return await self._one("end_dashboard_session", {"digest": digest}) is not None
+
     async def _execute(self, name: str, params: dict[str, Any]) -> None:
         async with _translate_errors(), self._pool.connection() as conn:
             await conn.execute(_q(name), params)
@@ -1034,6 +1057,11 @@ class PgStore:
             deleted += int(row["deleted"])
             if progress is not None and row["deleted"]:
                 progress(deleted)
+
+    async def may_delete_webhook_events(self) -> bool:
+        """Whether this role may delete webhook events (`vidpoll serve` prunes them if so)."""
+        row = await self._one("may_delete_webhook_events", {})
+        return bool(row and row["allowed"])
 
     async def jobs_by_short_id(self, head: str, tail: str) -> list[str]:
         """The ids (at most three) of jobs, tracked or archived, that `head…tail` shortens."""

@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from vidpoll import metrics
+from vidpoll.aio import cancel_and_wait
 from vidpoll.config import DEFAULT_FIRST_POLL_S, DEFAULT_MAX_ACTIVE
 from vidpoll.errors import DatabaseUnavailable
 from vidpoll.logs import event
@@ -237,10 +238,7 @@ class Submitter(Runner):
                             "end, as unknown outcomes, sent again with the same key",
                             cfg.worker_id, abandoned, cfg.shutdown_timeout_s)
             for helper in (listener, flusher):
-                if helper is not None:
-                    helper.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await helper
+                await cancel_and_wait(helper)
             await self._flush_minutes(self.store)
             await self.signals.pulse()
             retries = ",".join(f"{k}:{v}" for k, v in sorted(self.stats.retries.items()))

@@ -6,15 +6,17 @@ headers, so the API key cannot leak through it.
 
 from __future__ import annotations
 
+import functools
+import html.entities
 import json
-from collections.abc import Callable
+import re
 from types import TracebackType
 from typing import Any
 
 import aiohttp
 from yarl import URL
 
-from vidpoll.media import job_path_segment, redact_urls, shown_url
+from vidpoll.media import job_path_segment, map_strings, may_hold_url, redact_urls, shown_url
 from vidpoll.models import ErrorClass, HttpAnswer
 
 DEFAULT_BASE_URL = "https://api.sume.com"
@@ -57,6 +59,8 @@ class SumeClient:
         self.key_problem = key_problem(api_key)
         """Why the key cannot be sent (then every call answers so without sending); None."""
         self._key_bytes = api_key.encode() if api_key else b""
+        if api_key:
+            secret_pattern(api_key)  # compiled once, here, not on the first read's loop turn
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._max_connections = max_connections
         self._status_path = status_path
@@ -97,24 +101,28 @@ class SumeClient:
         return shown_url(self._base + self._create_path)
 
     async def read_status(self, job_id: str) -> HttpAnswer:
-        """GET the job's status; every failure comes back as an HttpAnswer, never raised."""
+        """GET the job's status; every failure comes back as an HttpAnswer, never raised.
+        Its URLs lose their query strings whatever the status: the answer is stored
+        (`last_response`) and archived, and nothing downloads from a status answer."""
         return await self._call("GET", _job_url(self._base, job_id, self._status_path))
 
     async def read_result(self, job_id: str) -> HttpAnswer:
         """GET a completed job's result (409 job_not_completed until it is ready)."""
-        return await self._call("GET", _job_url(self._base, job_id, DEFAULT_RESULT_PATH))
+        # its signed links are the download's: a 2xx keeps them (the key never)
+        return await self._call("GET", _job_url(self._base, job_id, DEFAULT_RESULT_PATH),
+                                keep_links=True)
 
     async def create_video(self, payload: dict[str, Any], idempotency_key: str) -> HttpAnswer:
         """POST a new render with our own Idempotency-Key (the paid call)."""
         url = URL(self._base + self._create_path, encoded=True)
+        # a 2xx is kept whole but for the key: its job id is read as sent, whatever it holds
         return await self._call("POST", url, data=json.dumps(payload).encode(),
                                 headers={"Idempotency-Key": idempotency_key,
-                                         "Content-Type": "application/json"})
+                                         "Content-Type": "application/json"},
+                                keep_links=True)
 
-    def _scrub(self, body: bytes, status: int) -> bytes:
-        return _scrub_body(body, self._key_bytes, status)
-
-    async def _call(self, method: str, url: URL, **kwargs: Any) -> HttpAnswer:
+    async def _call(self, method: str, url: URL, *, keep_links: bool = False,
+                    **kwargs: Any) -> HttpAnswer:
         assert self._session is not None, "use `async with SumeClient(...)`"
         if self.key_problem is not None:
             return HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
@@ -131,7 +139,8 @@ class SumeClient:
                                       detail=f"body larger than {MAX_BODY_BYTES} bytes")
                 headers = resp.headers
                 return HttpAnswer(
-                    resp.status, self._scrub(body, resp.status),
+                    resp.status,
+                    _scrub_body(body, self._key_bytes, resp.status, keep_links=keep_links),
                     retry_after=headers.get("Retry-After"),
                     request_id=headers.get("X-Request-Id"),
                     ratelimit_remaining=(headers.get("RateLimit-Remaining")
@@ -156,41 +165,97 @@ class SumeClient:
                                      f"({type(exc).__name__}); check the API key's setting")
 
 
-def _scrub_body(body: bytes, api_key: bytes, status: int) -> bytes:
+def _scrub_body(body: bytes, api_key: bytes, status: int, *, keep_links: bool = False) -> bytes:
     """The body as stored and logged downstream: never our own key (a provider or proxy may
-    echo it in an error), and an error's URLs without their query strings (signatures).
+    echo it, escaped or not), and no URL's query string (a signature) unless `keep_links`
+    (a 2xx result, whose signed links the download needs, or a 2xx create, whose job id is
+    read as sent).
 
-    A JSON body is scrubbed value by value and written again, so it stays valid JSON (a text
-    substitution could eat an escaped quote); other bodies as text. A 2xx body keeps its
-    URLs: a result's signed links are what the download needs. An answer with nothing to
-    scrub is returned as it came.
+    A JSON body is parsed, each string and object key scrubbed as decoded text, and written
+    again, so it stays valid JSON (a text substitution could eat an escaped quote) and no
+    escape (`\\/`, `\\u0041`) hides the key. Any other body (HTML, text, JSON cut short or
+    nested too deep to parse) is scrubbed as text, where the key is found in each form it
+    may take there: as written, JSON-escaped, percent-encoded or as HTML character references
+    (`secret_pattern`). Walks are iterative: no depth raises RecursionError. An answer with
+    nothing to scrub is returned as it came.
     """
-    has_key = bool(api_key) and api_key in body
-    urls = not 200 <= status < 300 and b":" in body and (b"://" in body or b":\\/\\/" in body)
+    if not body:
+        return body
+    pattern = secret_pattern(api_key.decode("utf-8", "surrogateescape")) if api_key else None
+    # without an escape's first byte (JSON, percent, HTML) the key can only be there as
+    # written, a URL's query, fragment or credentials only behind a plain `?`, `#` or `@`
+    escaped = b"\\" in body or b"%" in body or b"&" in body  # (faster than one regex)
+    has_key = pattern is not None and (api_key in body or (
+        escaped and pattern.search(body.decode("utf-8", "surrogateescape")) is not None))
+    urls = (not (keep_links and 200 <= status < 300)
+            and (escaped or b"?" in body or b"#" in body or b"@" in body)
+            and _MAY_HOLD_URL.search(body) is not None)
     if not (has_key or urls):
         return body
-    key = api_key.decode()
 
     def scrub(text: str) -> str:
-        if key:
-            text = text.replace(key, "<redacted>")
-        return redact_urls(text) if urls and "://" in text else text
+        if urls and may_hold_url(text):
+            # URLs first: a key inside a query string goes with it, and the `<redacted>`
+            # put in its place would end the URL early (its `<`), leaving the rest shown
+            text = redact_urls(text)
+        return pattern.sub(REDACTED, text) if pattern is not None else text
 
     try:
         value = json.loads(body)
-    except (ValueError, RecursionError):
-        return scrub(body.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
-    return json.dumps(_scrub_json(value, scrub)).encode()
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than json parses
+        text = body.decode("utf-8", "surrogateescape")
+        shown = scrub(text)
+        return body if shown == text else shown.encode("utf-8", "surrogateescape")
+    value, changed = map_strings(value, scrub, scrub)
+    if not changed:
+        return body
+    try:
+        return json.dumps(value).encode()
+    except (ValueError, RecursionError):  # parsed here, yet too deep to write back: text
+        text = body.decode("utf-8", "surrogateescape")
+        return scrub(text).encode("utf-8", "surrogateescape")
 
 
-def _scrub_json(value: Any, scrub: Callable[[str], str]) -> Any:
-    if isinstance(value, str):
-        return scrub(value)
-    if isinstance(value, dict):
-        return {scrub(k): _scrub_json(v, scrub) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_scrub_json(v, scrub) for v in value]
-    return value
+REDACTED = "<redacted>"
+_MAY_HOLD_URL = re.compile(rb"(?i):(?://|\\|&|%(?:25)*2f)|%(?:25)*3a")
+"""The start of a URL's `://`, as written or escaped (see media.redact_urls)."""
+
+
+@functools.lru_cache(maxsize=32)
+def secret_pattern(secret: str) -> re.Pattern[str]:
+    """A pattern that finds `secret` in text, each of its characters as written or in the
+    forms an error body may put it in: JSON escapes (`\\/`, `\\"`, `\\u002F`, with any
+    number of backslashes: JSON inside a JSON string), percent-encoding (`%2F`, `%252F`,
+    the UTF-8 bytes of any character) and HTML character references (`&#47;`, `&#x2f;`,
+    `&sol;`); forms may mix within one occurrence."""
+    # the lookahead lets the scan skip, at C speed, every place no form of the first
+    # character can start (a 1 MiB HTML page: 8 ms instead of 13)
+    first = "[\\\\%&" + re.escape(secret[:1]) + "]"
+    return re.compile(f"(?={first})" + "".join(_char_forms(c) for c in secret))
+
+
+def _char_forms(char: str) -> str:
+    forms = [re.escape(char)]
+    if char in "/\\\"":
+        forms.append(r"\\+" + re.escape(char))
+    units = char.encode("utf-16-be", "surrogatepass")
+    forms.append("".join(rf"\\+u(?i:{int.from_bytes(units[i:i + 2]):04x})"
+                         for i in range(0, len(units), 2)))
+    forms.append("".join(rf"%(?:25)*(?i:{b:02x})"
+                         for b in char.encode("utf-8", "surrogatepass")))
+    forms.append(rf"&#(?:0*{ord(char)}|[xX]0*(?i:{ord(char):x}));?")
+    forms += [re.escape("&" + name) for name in _entity_names().get(char, ())]
+    return "(?:" + "|".join(forms) + ")"
+
+
+@functools.cache
+def _entity_names() -> dict[str, list[str]]:
+    """HTML's named character references of single characters, by character (`/`: `sol;`)."""
+    names: dict[str, list[str]] = {}
+    for name, char in html.entities.html5.items():
+        if len(char) == 1:
+            names.setdefault(char, []).append(name)
+    return names
 
 
 def _short(exc: BaseException) -> str:

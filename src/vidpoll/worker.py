@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Protocol
 
 from vidpoll import metrics
+from vidpoll.aio import cancel_and_wait
 from vidpoll.errors import DatabaseUnavailable
 from vidpoll.logs import event
 from vidpoll.models import (
@@ -370,9 +371,7 @@ class Worker(Runner):
             self._outbox_ready.set()
             await helpers[0]
             for task in helpers[1:]:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
             await self._flush_minutes(self.store)  # what the last reads counted
             await self.signals.pulse()
             st = self.stats
@@ -1086,11 +1085,7 @@ class Worker(Runner):
 
     async def _stop_vacuum(self) -> None:
         """A stop does not wait for a VACUUM (minutes on a big table): cancel it."""
-        task = self._vacuum_task
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._vacuum_task)
 
     async def _writer(self) -> None:
         """Writes queued outcomes in batches: one statement for everything read meanwhile."""

@@ -194,6 +194,13 @@ async def test_the_token_wall(browser, store):
         [session] = [c for c in cookies if c["name"] == "vidpoll_session"]
         assert TOKEN not in session["value"] and session["httpOnly"]
         assert session["sameSite"] == "Strict"
+        # signing out ends the session: the same cookie, put back, opens nothing
+        async with page.expect_navigation():
+            await page.click("form.signout button")
+        assert "/login" in page.url
+        await context.add_cookies([session])
+        await page.goto(url + "/jobs")
+        assert "/login" in page.url and await page.inner_text("h1") == "Sign in"
     finally:
         await context.close()
         await runner.cleanup()

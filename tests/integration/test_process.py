@@ -27,7 +27,11 @@ pytestmark = pytest.mark.slow
 def cli_env(db_url: str, fake_url: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SUME_", "VIDPOLL_"))}
     env.update(DATABASE_URL=db_url, SUME_BASE_URL=fake_url, SUME_API_KEY=API_KEY,
-               VIDPOLL_HTTP_TIMEOUT="5", VIDPOLL_MIN_POLL_S="0.05")
+               VIDPOLL_HTTP_TIMEOUT="5", VIDPOLL_MIN_POLL_S="0.05",
+               # hooks (tests.integration.hook_fixtures:record) import from the repository,
+               # asked for explicitly: the working directory is not searched by default
+               VIDPOLL_HOOK_PATH=os.path.dirname(os.path.dirname(os.path.dirname(
+                   os.path.abspath(__file__)))))
     env.update(extra)
     return env
 

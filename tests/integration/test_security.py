@@ -26,6 +26,7 @@ from vidpoll import logs
 from vidpoll.deliver import Deliverer, DeliveryConfig
 from vidpoll.download import Downloader
 from vidpoll.errors import DatabaseUnavailable
+from vidpoll.fetch_guard import FetchPolicy
 from vidpoll.models import ErrorClass
 from vidpoll.store import PgStore, migrate
 from vidpoll.submitter import Submitter, SubmitterConfig
@@ -215,7 +216,8 @@ async def test_secrets_never_reach_logs_errors_metrics_pages_or_the_database(
         await store.add_intent(f"sec-{i}", {"prompt": f"a lighthouse {i}"})
     total = len(scripts) + 3
 
-    async with Downloader(tmp_path / "videos", read_timeout_s=5) as downloader:
+    async with Downloader(tmp_path / "videos", read_timeout_s=5,
+                          policy=FetchPolicy.for_origin(fake_url)) as downloader:
         deliverer = Deliverer(store, DeliveryConfig(policy=FAST_POLICY, lease_s=3.0),
                               downloader)
         delivering = asyncio.create_task(deliverer.run())
@@ -384,7 +386,8 @@ async def test_a_least_privilege_worker_role_does_everything_a_worker_does(
         await store.add_job("lp-1", delay_s=0)
         await store.add_intent("lp-key", {"prompt": "least privilege"})
         async with SumeClient(fake_url, API_KEY, timeout_s=2) as client, \
-                Downloader(tmp_path / "videos", read_timeout_s=5) as downloader:
+                Downloader(tmp_path / "videos", read_timeout_s=5,
+                           policy=FetchPolicy.for_origin(fake_url)) as downloader:
             deliverer = Deliverer(store, DeliveryConfig(policy=FAST_POLICY, lease_s=3.0),
                                   downloader)
             delivering = asyncio.create_task(deliverer.run())

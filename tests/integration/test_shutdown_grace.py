@@ -25,6 +25,7 @@ from vidpoll.deliver import (
     DeliveryConfig,
 )
 from vidpoll.download import Downloader
+from vidpoll.fetch_guard import FetchPolicy
 from vidpoll.models import DOWNLOAD, Job
 from vidpoll.store import PgStore
 
@@ -162,7 +163,8 @@ async def test_a_hook_that_finishes_within_the_grace_period_is_recorded_as_usual
 async def test_a_download_that_cannot_finish_in_time_is_handed_back_and_resumed(
         handing_store, fake, fake_url, make_worker, db_url, tmp_path):
     fake.config.media_bytes_per_s = 4096.0  # 256 KiB: a minute, far past the grace period
-    async with Downloader(tmp_path / "videos", read_timeout_s=5) as downloader:
+    async with Downloader(tmp_path / "videos", read_timeout_s=5,
+                          policy=FetchPolicy.for_origin(fake_url)) as downloader:
         one = Deliverer(handing_store, DeliveryConfig(
             lease_s=3.0, shutdown_timeout_s=GRACE_S, policy=FAST_POLICY), downloader)
         task = await started(one)

@@ -14,6 +14,7 @@ import pytest
 from vidpoll.deliver import Deliverer, DeliveryConfig
 from vidpoll.download import Downloader
 from vidpoll.fake_sume import STATUS_SHAPES, FakeSume
+from vidpoll.fetch_guard import FetchPolicy
 from vidpoll.models import SUCCESS_STATES, Job
 from vidpoll.store import PgStore
 
@@ -101,7 +102,8 @@ async def test_a_job_that_ended_with_a_success_word_is_downloaded_and_its_hook_s
         store: PgStore, fake: FakeSume, make_worker, fake_url: str, tmp_path: Path) -> None:
     fake.config.status_shape = "data.job"
     seen: list[Job] = []
-    async with Downloader(tmp_path / "videos", read_timeout_s=5) as downloader:
+    async with Downloader(tmp_path / "videos", read_timeout_s=5,
+                          policy=FetchPolicy.for_origin(fake_url)) as downloader:
         deliverer = Deliverer(store, DeliveryConfig(hooks={"app:done": seen.append},
                                                     policy=FAST_POLICY, lease_s=3.0),
                               downloader)

@@ -107,3 +107,38 @@ async def test_rows_stored_from_the_raw_header_still_catch_a_replay(store, serve
     assert await post(server, body, stamp, f"v1=deadbeef, {good}", "new_evt") == (
         200, {"status": "duplicate"})
     assert await due_in_s(store, "vid_3") > 3500
+
+
+async def test_twenty_appended_signature_variants_are_one_row_one_poke_one_notify(
+        store, server, db_url):
+    # issue 18's attack: one captured delivery, re-sent with `,v1=0`, `,v1=1`, ... appended
+    # (every variant verifies) under fresh event ids (not signed). Between two variants a
+    # worker reads the job and schedules it an hour on, as it would: a variant that poked it
+    # again would cost a status read and a NOTIFY to every idle worker.
+    await store.add_job("vid_20", delay_s=3600)
+    body = json.dumps({"type": "avatar_video.ready", "data": {"job_id": "vid_20"}}).encode()
+    stamp = f"{time.time():.0f}"
+    good = sign(SECRET, stamp, body)
+    variants = [good] + [good + "".join(f",v1={j}" for j in range(i)) for i in range(1, 20)]
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as listener:
+        await listener.execute("LISTEN vidpoll_jobs")
+        answers, poked_at = [], []
+        for i, header in enumerate(variants):
+            answers.append(await post(server, body, stamp, header, f"evt_{i}"))
+            row = await store.get_job("vid_20")
+            assert row is not None
+            poked_at.append(row["poked_at"])
+            await push_back(db_url, "vid_20")
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            await conn.execute("SELECT pg_notify('vidpoll_jobs', 'end of test')")
+        heard = []
+        async for note in listener.notifies(timeout=10):
+            if note.payload == "end of test":
+                break
+            heard.append(note.payload)
+    # a duplicate is still a 2xx: Sume (or a proxy) must not keep resending it
+    assert answers == [(200, {"status": "poked", "made_due": True})] + [
+        (200, {"status": "duplicate"})] * 19
+    assert len(await events(db_url)) == 1
+    assert len(set(poked_at)) == 1 and poked_at[0] is not None  # poked once, never again
+    assert len(heard) == 1  # one wake-up for the fleet, not twenty

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vidpoll.webhook import WebhookRejected, job_id_of, sign, verify
+from vidpoll.webhook import REJECT_REASONS, LogSampler, WebhookRejected, job_id_of, sign, verify
 
 SECRET = "whsec-test"
 NOW = 1_800_000_000.0
@@ -44,6 +44,38 @@ def test_forged_stale_or_malformed_deliveries_are_refused(stamp, signature, body
         verify(SECRET, stamp, signature, body, NOW)
 
 
+@pytest.mark.parametrize(("stamp", "signature", "body", "reason"), [
+    (None, "v1=00", BODY, "unsigned"),
+    (f"{NOW:.0f}", "", BODY, "unsigned"),
+    ("soon", "v1=00", BODY, "timestamp"),
+    ("nan", "v1=00", BODY, "timestamp"),
+    (f"{NOW + 301:.0f}", None, BODY, "timestamp"),
+    (f"{NOW:.0f}", None, BODY + b" ", "signature"),
+    (f"{NOW:.0f}", "v2=whatever", BODY, "signature"),
+])
+def test_each_refusal_names_one_of_the_fixed_reasons(stamp, signature, body, reason):
+    # the reason is a metric label: one of a fixed set, never anything the caller sent
+    if signature is None:
+        signature = sign(SECRET, stamp, BODY)
+    with pytest.raises(WebhookRejected) as refused:
+        verify(SECRET, stamp, signature, body, NOW)
+    assert refused.value.reason == reason and reason in REJECT_REASONS
+
+
+def test_the_log_sampler_lets_one_line_a_period_through_per_reason_and_counts_the_rest():
+    now = [1000.0]
+    sampler = LogSampler(60.0, clock=lambda: now[0])
+    assert [sampler.admit("unsigned") for _ in range(3)] == [0, None, None]
+    assert sampler.admit("signature") == 0  # each reason has its own period
+    now[0] += 59.9
+    assert sampler.admit("unsigned") is None
+    now[0] += 0.1
+    assert sampler.admit("unsigned") == 3  # logged, saying how many were held back
+    assert sampler.admit("unsigned") is None
+    now[0] += 3600
+    assert (sampler.admit("unsigned"), sampler.admit("signature")) == (1, 0)
+
+
 def test_another_secret_is_refused():
     stamp, signature = headers(secret="someone-else")
     with pytest.raises(WebhookRejected):
@@ -62,3 +94,14 @@ def test_job_id_of(body, job_id):
 @given(st.binary(max_size=200))
 def test_any_body_is_read_without_crashing(body):
     job_id_of(body)
+
+
+def test_the_retention_serve_prunes_by_is_never_shorter_than_the_replay_window():
+    from vidpoll.errors import ConfigError
+    from vidpoll.web.webhooks import retention_in_force
+
+    assert retention_in_force(None, 300.0) == 600.0 + 3600.0  # two tolerances plus an hour
+    assert retention_in_force(float("inf"), 300.0) is None  # off: kept for ever
+    assert retention_in_force(7200.0, 300.0) == 7200.0
+    with pytest.raises(ConfigError, match="at least 600s"):
+        retention_in_force(599.0, 300.0)

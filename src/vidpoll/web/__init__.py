@@ -15,19 +15,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from vidpoll import metrics
 from vidpoll.errors import DatabaseUnavailable, SchemaError
 from vidpoll.store import PgStore
-from vidpoll.web.dashboard import Guard, setup_dashboard
+from vidpoll.web.dashboard import FailureLimiter, Guard, setup_dashboard
 from vidpoll.web.figures import TableFigures, read_figures
-from vidpoll.webhook import (
-    DEFAULT_TOLERANCE_S,
-    MAX_BODY_BYTES,
-    WebhookRejected,
-    job_id_of,
-    verify,
-)
+from vidpoll.web.webhooks import PRUNE_EVERY_S, setup_webhooks
+from vidpoll.webhook import DEFAULT_TOLERANCE_S, MAX_BODY_BYTES, REJECT_LOG_EVERY_S
 
 log = logging.getLogger(__name__)
 
 STORE = web.AppKey("store", PgStore)
+GUARD = web.AppKey("guard", Guard)
+"""The token checks (and their failure budget) of `make_app`'s app: a `--metrics-port`
+listener of the same `serve` shares them (`metrics_app(..., guard=app[GUARD])`)."""
 
 
 GAUGES_MAX_AGE_S = 5.0
@@ -39,9 +37,11 @@ def export_figures(figures: TableFigures, now_s: float) -> None:
     """Set the table's gauges from `figures` (`now_s`: time.time(), for the sample's age)."""
     metrics.JOBS.clear()  # a state whose rows are all gone reads 0, not stale
     metrics.JOBS_ESTIMATED.clear()
-    for state, n in figures.states.items():
-        metrics.JOBS.labels(state).set(n)
-        metrics.JOBS_ESTIMATED.labels(state).set(1 if state in figures.estimated else 0)
+    # a provider's own terminal words are counted under `other` (bounded labels)
+    estimated = {metrics.state_label(s) for s in figures.estimated}
+    for label, n in metrics.counts_by_state_label(figures.states).items():
+        metrics.JOBS.labels(label).set(n)
+        metrics.JOBS_ESTIMATED.labels(label).set(1 if label in estimated else 0)
     analyzed = figures.analyzed_at
     metrics.STATISTICS_AGE.set(max(0.0, now_s - analyzed.timestamp())
                                if analyzed is not None and figures.estimated else math.nan)
@@ -53,76 +53,71 @@ def make_app(store: PgStore, webhook_secret: str | None,
              tolerance_s: float = DEFAULT_TOLERANCE_S,
              clock: Callable[[], float] = time.time, *, dashboard: bool = True,
              dashboard_token: str | None = None,
-             loopback_only: bool = True) -> web.Application:
+             loopback_only: bool = True,
+             metrics_token: str | None = None, metrics_apart: bool = False,
+             limiter: FailureLimiter | None = None,
+             webhook_events_retention_s: float | None = None,
+             webhook_prune_every_s: float = PRUNE_EVERY_S,
+             webhook_log_every_s: float = REJECT_LOG_EVERY_S) -> web.Application:
     """The application; without a webhook secret the webhook route answers 503.
 
     `loopback_only`: the server is bound to loopback and has no token, so the dashboard
-    answers only to a loopback Host header."""
+    answers only to a loopback Host header. `metrics_token`: /metrics and /readyz need it (or
+    the dashboard token) as Bearer; without it, /metrics needs the dashboard token if there
+    is one. `metrics_apart`: /metrics and /readyz are served by a `metrics_app` of their own
+    (serve --metrics-port), not here. `limiter`: the budget of wrong tokens (a default one).
+    `webhook_events_retention_s`: as Settings.webhook_events_retention_s (None: the replay
+    window plus an hour; inf: never); with a secret, webhook events older than that are
+    deleted at start and every `webhook_prune_every_s` (vidpoll.web.webhooks)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[STORE] = store
 
-    async def webhook(request: web.Request) -> web.Response:
-        if not webhook_secret:
-            return web.json_response({"error": "SUME_WEBHOOK_SECRET is not set"}, status=503)
-        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-            # refused on its header, never read into memory (aiohttp discards what follows
-            # for at most its lingering time, 10 s); a body without a length (chunked) is cut
-            # off by client_max_size as soon as it passes the limit
-            return web.json_response({"error": f"body larger than {MAX_BODY_BYTES} bytes"},
-                                     status=413)
-        body = await request.read()
-        try:
-            # the value that matched, not the raw header: a repeat re-spaced, re-ordered or
-            # padded with other values is still the same signed delivery
-            signed = verify(webhook_secret, request.headers.get("X-Sume-Timestamp"),
-                            request.headers.get("X-Sume-Signature"), body, clock(),
-                            tolerance_s)
-        except WebhookRejected as exc:
-            log.warning("webhook refused: %s", exc)
-            return web.json_response({"error": "invalid signature or timestamp"}, status=401)
-        event_id = request.headers.get("X-Sume-Event-Id", "").strip()
-        job_id = job_id_of(body)
-        if not event_id or job_id is None:
-            return web.json_response({"error": "need X-Sume-Event-Id and a job id in the body"},
-                                     status=400)
-        try:
-            effect, made_due = await store.receive_webhook(event_id[:200], job_id, signed)
-        except DatabaseUnavailable:
-            # Sume retries a delivery that failed; polling finds the state meanwhile anyway
-            return web.json_response({"error": "database unavailable"}, status=503)
-        if effect is None:
-            return web.json_response({"status": "duplicate"})
-        if effect == "unknown":
-            log.info("webhook for a job vidpoll does not track: %s (event %s)", job_id, event_id)
-        return web.json_response({"status": effect, "made_due": made_due})
-
-    app.router.add_post("/webhooks/sume", webhook)
-    add_health_and_metrics(app, store)
+    setup_webhooks(app, store, webhook_secret, tolerance_s=tolerance_s, clock=clock,
+                   retention_s=webhook_events_retention_s,
+                   prune_every_s=webhook_prune_every_s, log_every_s=webhook_log_every_s)
+    guard = Guard(dashboard_token, loopback_only, sessions=store, metrics_token=metrics_token,
+                  limiter=limiter)
+    app[GUARD] = guard
+    add_health_and_metrics(app, store, guard=guard, scrapes=not metrics_apart)
     if dashboard:
-        setup_dashboard(app, store, Guard(dashboard_token, loopback_only),
-                        secrets=[webhook_secret] if webhook_secret else [])
+        setup_dashboard(app, store, guard, secrets=[s for s in (webhook_secret, metrics_token)
+                                                    if s])
     return app
 
 
-def metrics_app(store: PgStore) -> web.Application:
+def metrics_app(store: PgStore, *, table_gauges: bool = False,
+                guard: Guard | None = None) -> web.Application:
     """What `worker --metrics-port` serves: /metrics (this process's counters only: the
-    table's figures come from `vidpoll serve`), /healthz, /readyz."""
+    table's figures come from `vidpoll serve`), /healthz, /readyz. `serve --metrics-port`
+    serves the same with the table's figures, behind its metrics token if it has one
+    (`guard`: the dashboard app's, app[GUARD])."""
     app = web.Application()
-    add_health_and_metrics(app, store, table_gauges=False)
+    add_health_and_metrics(app, store, table_gauges=table_gauges, guard=guard, public=False)
     return app
 
 
 def add_health_and_metrics(app: web.Application, store: PgStore,
-                           table_gauges: bool = True) -> None:
+                           table_gauges: bool = True, *, guard: Guard | None = None,
+                           public: bool = True, scrapes: bool = True) -> None:
     """/healthz (the process answers), /readyz (database reachable, schema current) and
     /metrics (this process's counters and, with `table_gauges`, the table's figures read at
-    scrape time: exact pending and due counts, estimated finished ones on a big table)."""
+    scrape time: exact pending and due counts, estimated finished ones on a big table).
+
+    `guard`: who may read /metrics and /readyz (Guard.scrape_refusal; None: anyone);
+    `public`: this is the dashboard's port (not a `--metrics-port` listener); `scrapes`:
+    False leaves /metrics and /readyz out (they are on a listener of their own). /healthz is
+    always open: a liveness probe carries no token."""
     refreshed = [0.0]
+
+    def refusal(request: web.Request) -> web.StreamResponse | None:
+        return None if guard is None else guard.scrape_refusal(request, public)
 
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
-    async def readyz(request: web.Request) -> web.Response:
+    async def readyz(request: web.Request) -> web.StreamResponse:
+        if (refused := refusal(request)) is not None:
+            return refused
         try:
             await store.check_schema()
         except (DatabaseUnavailable, SchemaError) as exc:
@@ -131,7 +126,9 @@ def add_health_and_metrics(app: web.Application, store: PgStore,
                                       "reason": type(exc).__name__}, status=503)
         return web.json_response({"status": "ready"})
 
-    async def scrape(request: web.Request) -> web.Response:
+    async def scrape(request: web.Request) -> web.StreamResponse:
+        if (refused := refusal(request)) is not None:
+            return refused
         body = generate_latest(metrics.REGISTRY)
         if table_gauges:
             if time.monotonic() - refreshed[0] > GAUGES_MAX_AGE_S:
@@ -146,8 +143,9 @@ def add_health_and_metrics(app: web.Application, store: PgStore,
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", scrape)
+    if scrapes:
+        app.router.add_get("/readyz", readyz)
+        app.router.add_get("/metrics", scrape)
 
 
 async def start_server(app: web.Application, host: str, port: int
@@ -156,6 +154,10 @@ async def start_server(app: web.Application, host: str, port: int
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except BaseException:  # a port in use: what startup began (a pruner) ends here
+        await runner.cleanup()
+        raise
     bound = runner.addresses[0][1]
     return runner, f"http://{host}:{bound}"

@@ -6,25 +6,35 @@ recent errors, stuck claims, deliveries), the jobs table (filters, keyset paging
 at a million rows), a job's detail (row, intent, result without signed query strings,
 deliveries, history) with its actions (resume, poll now, retry the intent).
 
-Security: every state-changing action is a POST carrying a CSRF token (an HMAC of the session,
-checked in constant time) and, when the browser says where it comes from, the same origin. With
-VIDPOLL_DASHBOARD_TOKEN set every page asks for it once (a login form sets an HttpOnly,
-SameSite=Strict cookie holding an HMAC of the token, never the token); `vidpoll serve` refuses
-to bind beyond loopback without one. Bound to loopback without a token, only a loopback Host
-header is served (no DNS rebinding).
+Security (Guard): every state-changing action is a POST carrying a CSRF token (an HMAC of the
+session, checked in constant time) and, when the browser says where it comes from, the same
+origin. With VIDPOLL_DASHBOARD_TOKEN set every page asks for it once (a login form sets an
+HttpOnly, SameSite=Strict cookie: its issue time, a session id and an HMAC under a key derived
+with scrypt from the token and a random salt kept in the database, never the token); the
+session is a row in the database, so logging out ends it for every copy of the cookie and
+every `serve`. Wrong tokens, on any path that takes one (the form, `Authorization: Bearer`, the
+scrape routes), draw on one FailureLimiter per process: a few per client address and a budget
+for all clients, checked before the token is, so parallel guesses cannot outrun it. Every
+comparison is of bytes (no input can make it raise). `vidpoll serve` refuses to bind beyond
+loopback without a token; bound to loopback without one, only a loopback Host header is served
+(no DNS rebinding).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
+import ipaddress
+import math
 import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
 import jinja2
@@ -55,56 +65,237 @@ DONE_WORDS = frozenset({"poll_now", "resume", "poll_now_refused", "resume_refuse
                         "retry_refused"})
 CHART_MINUTES = 60
 INTENT_STATES = (REJECTED, UNKNOWN, QUEUED, SUBMITTED)
-WRONG_TOKEN_DELAY_S = 1.0
+
+KDF_N, KDF_R, KDF_P = 2**15, 8, 1
+"""scrypt's cost for the signing key: 32 MiB and about 80 ms of one core (measured on the 2-core
+machine the tests run on), paid once per `serve` start. A guess of the token from a leaked
+cookie (and the database's salt, which the cookie does not hold) then costs the same, about
+a million times a SHA-256's; more would slow every start and test for a token that should be
+random anyway (16 characters at least). RFC 7914's interactive-login figure is 2**14."""
+KDF_MAXMEM = 64 * 1024 * 1024
+SALT_BYTES = 32
+FAILURES_PER_CLIENT = 10
+"""Wrong tokens a client address may try per FAILURE_WINDOW_S (an IPv6 client: its /64)."""
+FAILURES_OVERALL = 100
+"""Wrong tokens all clients together may try per FAILURE_WINDOW_S (many addresses)."""
+FAILURE_WINDOW_S = 60.0
+CLIENTS_KEPT = 1000
+"""Above this many client buckets, the ones that refilled are forgotten (a full bucket is the
+same as none); the overall budget bounds how many can be partly spent."""
+_COOKIE = re.compile(r"(\d{1,12})\.([0-9a-f]{32})\.([0-9a-f]{64})")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+class SessionStore(Protocol):
+    """Where the signing key's salt and the signed-in sessions live (PgStore)."""
+
+    async def dashboard_salt(self, candidate: bytes) -> bytes: ...
+
+    async def add_dashboard_session(self, digest: bytes, max_age_s: float) -> None: ...
+
+    async def dashboard_session_live(self, digest: bytes) -> bool: ...
+
+    async def end_dashboard_session(self, digest: bytes) -> bool: ...
+
+
+class TooManyGuesses(Exception):
+    """The failure budget is spent: the token was not even checked."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"too many wrong tokens; try again in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class _Bucket:
+    left: float
+    at: float
+
+
+class FailureLimiter:
+    """Budgets of wrong tokens, per client address and for all clients: each holds `burst`
+    failures and refills at that many per `window_s`. A guess takes one failure from both
+    before its token is checked (an asyncio handler does not yield between the two, so any
+    number of parallel guesses get at most the budget checked); a right token gives it back,
+    so the budget only ever counts wrong ones."""
+
+    def __init__(self, per_client: int = FAILURES_PER_CLIENT,
+                 overall: int = FAILURES_OVERALL, window_s: float = FAILURE_WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_client, self.overall, self.window_s = per_client, overall, window_s
+        self._clock = clock
+        self._clients: dict[str, _Bucket] = {}
+        self._all = _Bucket(float(overall), clock())
+
+    def _level(self, bucket: _Bucket, burst: int, now: float) -> float:
+        refill = max(0.0, now - bucket.at) * burst / self.window_s
+        return min(float(burst), bucket.left + refill)
+
+    def take(self, client: str) -> None:
+        """Take one failure for a check about to happen; TooManyGuesses if there is none."""
+        now = self._clock()
+        mine = self._clients.get(client) or _Bucket(float(self.per_client), now)
+        left_mine = self._level(mine, self.per_client, now)
+        left_all = self._level(self._all, self.overall, now)
+        if left_mine < 1 or left_all < 1:
+            wait = max(self._wait(left_mine, self.per_client),
+                       self._wait(left_all, self.overall))
+            raise TooManyGuesses(max(1, math.ceil(wait)))
+        mine.left, mine.at = left_mine - 1, now
+        self._all.left, self._all.at = left_all - 1, now
+        self._clients[client] = mine
+        if len(self._clients) > CLIENTS_KEPT:
+            self._clients = {c: b for c, b in self._clients.items()
+                             if self._level(b, self.per_client, now) < self.per_client}
+
+    def give_back(self, client: str) -> None:
+        """The token was right: the failure taken for it was none."""
+        now = self._clock()
+        mine = self._clients.get(client)
+        if mine is not None:
+            mine.left, mine.at = min(float(self.per_client),
+                                     self._level(mine, self.per_client, now) + 1), now
+        self._all.left, self._all.at = min(float(self.overall),
+                                           self._level(self._all, self.overall, now) + 1), now
+
+    def _wait(self, left: float, burst: int) -> float:
+        return 0.0 if left >= 1 else (1 - left) * self.window_s / burst
+
+
+def client_of(request: web.Request) -> str:
+    """The address a failure budget is kept for: the peer's IP, an IPv6 peer's /64 (one host
+    may own all of it). Never a proxy header (anyone can write one): behind a proxy every
+    client is the proxy, and the per-client budget becomes one more overall budget."""
+    try:
+        ip = ipaddress.ip_address(request.remote or "")
+    except ValueError:
+        return request.remote or "-"
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
+def same(given: str, expected: str) -> bool:
+    """Constant-time equality of two texts as UTF-8 bytes: any input, lone surrogates
+    included, compares (unequal) instead of raising as compare_digest does on non-ASCII str."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"),
+                               expected.encode("utf-8", "surrogatepass"))
+
+
+@functools.lru_cache(maxsize=8)
+def signing_key(token: str, salt: bytes) -> bytes:
+    """The key that signs sessions and CSRF tokens: scrypt(token, salt) (KDF_N, KDF_R,
+    KDF_P); cached, so an app started twice in one process derives it once."""
+    return hashlib.scrypt(b"vidpoll-dashboard:" + token.encode("utf-8", "surrogatepass"),
+                          salt=salt, n=KDF_N, r=KDF_R, p=KDF_P, maxmem=KDF_MAXMEM, dklen=32)
+
+
+def bearer_of(request: web.Request) -> str:
+    """The token of an `Authorization: Bearer` header, or ""."""
+    auth = request.headers.get("Authorization", "")
+    return auth[7:] if auth[:7].lower() == "bearer " else ""
+
+
+def too_many(exc: TooManyGuesses) -> web.Response:
+    """429 with Retry-After."""
+    return web.Response(status=429, text=f"{exc}\n",
+                        headers={"Retry-After": str(exc.retry_after_s)})
+
+
 class Guard:
-    """The dashboard's token wall and CSRF tokens."""
+    """The dashboard's token wall, sessions and CSRF tokens, and the token checks of the
+    scrape routes, all drawing on one FailureLimiter."""
 
     def __init__(self, token: str | None, loopback_only: bool,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *,
+                 sessions: SessionStore | None = None, metrics_token: str | None = None,
+                 limiter: FailureLimiter | None = None) -> None:
         self.token = token or None
+        self.metrics_token = metrics_token or None
         self.loopback_only = loopback_only
+        self.limiter = limiter or FailureLimiter()
         self._clock = clock
-        # signs sessions and CSRF tokens; derived from the token so several servers agree,
-        # random per process without one
-        self._key = (hashlib.sha256(b"vidpoll-dashboard:" + self.token.encode()).digest()
-                     if self.token else secrets.token_bytes(32))
+        if self.token is not None and sessions is None:
+            raise ValueError("a dashboard token needs a session store (its salt, sessions)")
+        self._sessions = sessions
+        # signs CSRF tokens (and, once start() derived it from the token, sessions); random
+        # per process without a token
+        self._key = secrets.token_bytes(32)
+        self._started = self.token is None
+
+    async def start(self) -> None:
+        """Derive the signing key from the token and the database's salt (once per start,
+        off the event loop: scrypt takes a while on purpose)."""
+        if self.token is None or self._sessions is None:
+            return
+        salt = await self._sessions.dashboard_salt(secrets.token_bytes(SALT_BYTES))
+        self._key = await asyncio.to_thread(signing_key, self.token, salt)
+        self._started = True
 
     def _sign(self, what: str) -> str:
-        return hmac.new(self._key, what.encode(), hashlib.sha256).hexdigest()
+        return hmac.new(self._key, what.encode("utf-8", "surrogatepass"),
+                        hashlib.sha256).hexdigest()
 
-    def new_session(self) -> str:
-        """A session cookie: when it was issued, signed (never the token itself)."""
-        issued = f"{int(self._clock())}.{secrets.token_hex(8)}"
-        return f"{issued}.{self._sign('session:' + issued)}"
-
-    def _session_ok(self, cookie: str) -> bool:
-        issued, _, signature = cookie.rpartition(".")
-        if not issued or not hmac.compare_digest(signature, self._sign("session:" + issued)):
+    def check(self, request: web.Request, given: str,
+              accepted: Sequence[str] | None = None) -> bool:
+        """Whether `given` is the dashboard token (or one of `accepted`), in constant time;
+        a wrong one spends the client's and everyone's failure budget, and once that is
+        spent nothing is checked: TooManyGuesses. An empty `given` is no guess."""
+        tokens = [t for t in (accepted if accepted is not None else [self.token or ""]) if t]
+        if not given or not tokens:
             return False
-        try:
-            age = self._clock() - float(issued.split(".")[0])
-        except ValueError:
-            return False
-        return -60 <= age <= SESSION_MAX_AGE_S  # a minute of clock skew between servers
+        client = client_of(request)
+        self.limiter.take(client)
+        # every candidate compared (no early exit: the time says nothing about which matched)
+        right = sum(same(given, t) for t in tokens) > 0
+        if right:
+            self.limiter.give_back(client)
+        return right
 
-    def signed_in(self, request: web.Request) -> bool:
-        """No token configured, or a live session cookie, or the right Bearer header."""
+    async def new_session(self) -> str:
+        """A new signed-in session: recorded in the database, and its cookie (the issue
+        time, a random id and their HMAC; never the token)."""
+        if not self._started or self._sessions is None:
+            raise RuntimeError("Guard.start() first: the signing key is not derived yet")
+        issued, sid = str(int(self._clock())), secrets.token_hex(16)
+        await self._sessions.add_dashboard_session(_digest(sid), SESSION_MAX_AGE_S)
+        return f"{issued}.{sid}.{self._sign(f'session:{issued}.{sid}')}"
+
+    def _signed_session(self, cookie: str) -> str | None:
+        """The session id of a well-formed cookie this server's key signed and whose age is
+        within SESSION_MAX_AGE_S, or None."""
+        match = _COOKIE.fullmatch(cookie)  # ASCII digits and hex only: anything else is None
+        if match is None or not self._started:
+            return None
+        issued, sid, signature = match.groups()
+        if not same(signature, self._sign(f"session:{issued}.{sid}")):
+            return None
+        age = self._clock() - int(issued)
+        return sid if -60 <= age <= SESSION_MAX_AGE_S else None  # a minute of clock skew
+
+    async def session_ok(self, cookie: str) -> bool:
+        """A signed, unexpired session that nobody logged out."""
+        sid = self._signed_session(cookie)
+        return (sid is not None and self._sessions is not None
+                and await self._sessions.dashboard_session_live(_digest(sid)))
+
+    async def end_session(self, cookie: str) -> bool:
+        """Log the cookie's session out, for every copy of it and every `serve`."""
+        sid = self._signed_session(cookie)
+        return (sid is not None and self._sessions is not None
+                and await self._sessions.end_dashboard_session(_digest(sid)))
+
+    async def signed_in(self, request: web.Request) -> bool:
+        """No token configured, or a live session cookie, or the right Bearer header (which
+        may raise TooManyGuesses)."""
         if self.token is None:
             return True
-        if self._session_ok(request.cookies.get(SESSION_COOKIE, "")):
+        if await self.session_ok(request.cookies.get(SESSION_COOKIE, "")):
             return True
-        auth = request.headers.get("Authorization", "")
-        given = auth[7:] if auth.lower().startswith("bearer ") else ""
-        return bool(given) and hmac.compare_digest(given.encode(), self.token.encode())
-
-    def token_ok(self, given: str) -> bool:
-        """The login form's token, compared in constant time."""
-        return self.token is not None and hmac.compare_digest(given.encode(),
-                                                              self.token.encode())
+        return self.check(request, bearer_of(request))
 
     def csrf(self, request: web.Request) -> str:
         """The CSRF token for forms on this session (each session has its own)."""
@@ -116,7 +307,42 @@ class Guard:
         origin = request.headers.get("Origin")
         if origin is not None and (origin == "null" or urlsplit(origin).netloc != request.host):
             return False
-        return hmac.compare_digest(given.encode(), self.csrf(request).encode())
+        return same(given, self.csrf(request))
+
+    def scrape_refusal(self, request: web.Request, public: bool) -> web.StreamResponse | None:
+        """Whether /metrics or /readyz (request.path) may be read, as a refusal or None.
+
+        With a metrics token both need it (or the dashboard token) as Bearer; without one,
+        /metrics on the public port needs the dashboard token if there is one (a proxy in
+        front makes a loopback bind public too), and /readyz stays open for probes (it names
+        only the kind of failure). `public`: the dashboard's port, not `--metrics-port`."""
+        if self.metrics_token is not None:
+            accepted = [self.metrics_token, self.token or ""]
+        elif public and request.path == "/metrics" and self.token is not None:
+            accepted = [self.token]
+        else:
+            return None
+        try:
+            if self.check(request, bearer_of(request), accepted):
+                return None
+        except TooManyGuesses as exc:
+            return too_many(exc)
+        return web.Response(status=401, text="send the metrics token as Authorization: Bearer\n",
+                            headers={"WWW-Authenticate": 'Bearer realm="vidpoll"'})
+
+
+async def form_of(request: web.Request) -> Mapping[str, Any]:
+    """The request's form; a body that is not UTF-8 is a 400, not a traceback."""
+    try:
+        return await request.post()
+    except (UnicodeDecodeError, ValueError):
+        raise web.HTTPBadRequest(text="a form must be UTF-8") from None
+
+
+def _digest(sid: str) -> bytes:
+    """What the database keeps of a session id: its SHA-256 (a reader of the table learns no
+    cookie)."""
+    return hashlib.sha256(sid.encode()).digest()
 
 
 def loopback_host(header: str) -> bool:
@@ -162,15 +388,18 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
     env.globals["STATES"] = STATES
 
     def render(request: web.Request, name: str, status: int = 200,
-               **context: Any) -> web.Response:
+               headers: Mapping[str, str] | None = None, **context: Any) -> web.Response:
         html = env.get_template(name).render(
-            csrf=guard.csrf(request), signed_in=guard.token is not None, path=request.path,
+            csrf=guard.csrf(request), path=request.path,
+            # a session to end (a Bearer caller has none)
+            can_sign_out=(guard.token is not None and request.path != "/login"
+                          and SESSION_COOKIE in request.cookies),
             **context)
         return web.Response(text=html, content_type="text/html", status=status, headers={
             "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self' "
                                        "data:; form-action 'self'; frame-ancestors 'none'",
             "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin",
-            "Cache-Control": "no-store"})
+            "Cache-Control": "no-store", **(headers or {})})
 
     @web.middleware
     async def wall(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -182,13 +411,22 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
             # a proxy in front makes every visitor look local: that needs a token
             return web.Response(status=421, text="this dashboard answers only on loopback; "
                                 "behind a proxy, set VIDPOLL_DASHBOARD_TOKEN")
-        if path in ("/login", "/static/style.css") or guard.signed_in(request):
+        try:
+            allowed = path in ("/login", "/static/style.css") or await guard.signed_in(request)
+        except TooManyGuesses as exc:  # a Bearer token, refused before it was checked
+            return too_many(exc)
+        if allowed:
             return await handler(request)
         if request.method != "GET":
             return web.Response(status=401, text="sign in first")
         raise web.HTTPSeeOther(f"/login?next={quote(request.path_qs, safe='')}")
 
     app.middlewares.append(wall)
+
+    async def derive_key(_: web.Application) -> None:
+        await guard.start()
+
+    app.on_startup.append(derive_key)
 
     async def overview(request: web.Request) -> web.Response:
         figures = await read_figures(store)
@@ -252,7 +490,7 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
                       done=_done(request))
 
     async def action(request: web.Request) -> web.StreamResponse:
-        form = await request.post()
+        form = await form_of(request)
         if not guard.csrf_ok(request, str(form.get("csrf", ""))):
             return web.Response(status=403, text="stale or forged form; reload the page")
         job_id, what = str(form.get("id", "")), str(form.get("action", ""))
@@ -274,7 +512,7 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
                       counts=await store.intent_counts())
 
     async def retry_intent(request: web.Request) -> web.StreamResponse:
-        form = await request.post()
+        form = await form_of(request)
         if not guard.csrf_ok(request, str(form.get("csrf", ""))):
             return web.Response(status=403, text="stale or forged form; reload the page")
         retried = await store.requeue_intents([str(form.get("key", ""))])
@@ -285,14 +523,28 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
         nxt = safe_next(request.query.get("next", "/"))  # never another site
         if request.method == "GET":
             return render(request, "login.html", next=nxt, wrong=False, needed=bool(guard.token))
-        form = await request.post()
-        if not guard.token_ok(str(form.get("token", ""))):
-            await asyncio.sleep(WRONG_TOKEN_DELAY_S)  # guessing costs time
+        form = await form_of(request)
+        try:
+            right = guard.check(request, str(form.get("token", "")))
+        except TooManyGuesses as exc:  # not even checked
+            return render(request, "login.html", status=429, next=nxt, wrong=False,
+                          needed=True, retry_after=exc.retry_after_s,
+                          headers={"Retry-After": str(exc.retry_after_s)})
+        if not right:
             return render(request, "login.html", status=401, next=nxt, wrong=True, needed=True)
         response = web.HTTPSeeOther(nxt)
         secure = request.secure or request.headers.get("X-Forwarded-Proto") == "https"
-        response.set_cookie(SESSION_COOKIE, guard.new_session(), httponly=True,
+        response.set_cookie(SESSION_COOKIE, await guard.new_session(), httponly=True,
                             samesite="Strict", max_age=SESSION_MAX_AGE_S, secure=secure)
+        raise response
+
+    async def logout(request: web.Request) -> web.StreamResponse:
+        form = await form_of(request)
+        if not guard.csrf_ok(request, str(form.get("csrf", ""))):
+            return web.Response(status=403, text="stale or forged form; reload the page")
+        await guard.end_session(request.cookies.get(SESSION_COOKIE, ""))
+        response = web.HTTPSeeOther("/login")
+        response.del_cookie(SESSION_COOKIE)
         raise response
 
     app.router.add_get("/", overview)
@@ -302,6 +554,7 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
     app.router.add_get("/intents", intents)
     app.router.add_post("/intents/retry", retry_intent)
     app.router.add_route("*", "/login", login)
+    app.router.add_post("/logout", logout)
     app.router.add_static("/static", _static_dir())
 
 

@@ -1,0 +1,23 @@
+"""Small asyncio helpers every layer may use."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel `task` and wait until it has ended, re-raising what it ended with, but never
+    its CancelledError and never swallowing a cancellation of the caller.
+
+    `task.cancel(); with suppress(CancelledError): await task` swallows both: a caller
+    cancelled while it waits there goes on as if nothing happened. A listener did that while
+    subscribing, and the runner that had cancelled it waited for it forever (a `--drain` that
+    never ended, about one run in ten).
+    """
+    if task is None or task.done():
+        return
+    task.cancel()
+    await asyncio.wait([task])  # raises only if the caller itself is cancelled
+    if not task.cancelled():
+        task.result()  # what it ended with instead, if anything

@@ -1,0 +1,182 @@
+"""POST /webhooks/sume (a hint that makes a job due now) and the pruning of the events that
+recognise a repeat delivery, both part of `vidpoll serve` (vidpoll.web.make_app).
+
+Anyone who can reach the server can send deliveries, so a refused one costs no database work,
+no row and at most one log line per reason a minute (vidpoll.webhook.LogSampler); each is
+counted in vidpoll_webhooks_rejected_total{reason}. A signed delivery is recorded once
+however it is replayed (the value that verified is unique, migration 0005); serve deletes
+the records once they are older than the replay window plus a margin, so the table holds
+about an hour of deliveries, not all of them for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+
+from vidpoll import metrics
+from vidpoll.config import WEBHOOK_RETENTION_MARGIN_S, check_webhook_retention, webhook_replay_s
+from vidpoll.errors import DatabaseUnavailable
+from vidpoll.runner import Signals
+from vidpoll.store import PgStore
+from vidpoll.webhook import (
+    DEFAULT_TOLERANCE_S,
+    MAX_BODY_BYTES,
+    REJECT_LOG_EVERY_S,
+    REJECT_REASONS,
+    LogSampler,
+    RejectReason,
+    WebhookRejected,
+    job_id_of,
+    verify,
+)
+
+log = logging.getLogger(__name__)
+
+PRUNE_EVERY_S = 600.0
+"""How often serve deletes old webhook events (and once at start)."""
+
+
+def retention_in_force(retention_s: float | None, tolerance_s: float) -> float | None:
+    """The age past which serve deletes webhook events: `retention_s` as
+    Settings.webhook_events_retention_s holds it (None: the replay window plus an hour; inf:
+    never, None returned), refused (ConfigError) if shorter than the replay window."""
+    if retention_s is None:
+        return webhook_replay_s(tolerance_s) + WEBHOOK_RETENTION_MARGIN_S
+    if math.isinf(retention_s):
+        return None
+    return check_webhook_retention(retention_s, tolerance_s, "webhook_events_retention_s")
+
+
+class WebhookEventPruner:
+    """Deletes webhook events received more than `retention_s` ago (the database's clock), at
+    start and then every `every_s`. A role without DELETE on vidpoll_webhook_events (the
+    least-privilege worker role of docs/SECURITY.md) leaves them to `jobs prune`, said once."""
+
+    def __init__(self, store: PgStore, retention_s: float,
+                 every_s: float = PRUNE_EVERY_S) -> None:
+        self.signals = Signals()
+        self.passes = 0
+        """Prune passes completed (tests wait on it)."""
+        self.deleted = 0
+        self.allowed: bool | None = None
+        """Whether this role may delete events; None until asked."""
+        self._store = store
+        self._retention_s = retention_s
+        self._every_s = every_s
+
+    async def run(self) -> None:
+        """Prune until cancelled; a failed pass is logged once per streak and tried again."""
+        failing = False
+        while True:
+            try:
+                if self.allowed is None:
+                    self.allowed = await self._store.may_delete_webhook_events()
+                    if not self.allowed:
+                        log.info("this role may not delete webhook events; `vidpoll jobs "
+                                 "prune` (as the owner) deletes the old ones")
+                        await self.signals.pulse()
+                        return
+                gone = await self._store.prune_webhook_events(self._retention_s)
+            except Exception as exc:  # never ends serve: tried again next time
+                if not failing:
+                    outage = isinstance(exc, DatabaseUnavailable)
+                    log.warning("deleting old webhook events failed (%s); trying again every "
+                                "%gs", exc if outage else type(exc).__name__, self._every_s,
+                                exc_info=not outage)
+                failing = True
+            else:
+                if failing:
+                    log.info("deleting old webhook events works again")
+                failing = False
+                self.passes += 1
+                self.deleted += gone
+                if gone:
+                    log.info("deleted %d webhook events received over %gs ago", gone,
+                             self._retention_s)
+                await self.signals.pulse()
+            await asyncio.sleep(self._every_s)
+
+
+WEBHOOK_PRUNER = web.AppKey("webhook_pruner", WebhookEventPruner)
+"""The app's pruner, when it has one (tests wait on its signals)."""
+
+
+def setup_webhooks(app: web.Application, store: PgStore, secret: str | None, *,
+                   tolerance_s: float = DEFAULT_TOLERANCE_S,
+                   clock: Callable[[], float] = time.time,
+                   retention_s: float | None = None,
+                   prune_every_s: float = PRUNE_EVERY_S,
+                   log_every_s: float = REJECT_LOG_EVERY_S) -> WebhookEventPruner | None:
+    """Add POST /webhooks/sume to `app` (503 without a secret) and, with a secret and a
+    retention (`retention_s` as retention_in_force reads it), the pruner (app[WEBHOOK_PRUNER]),
+    started and stopped with the app; returns the pruner."""
+    sampler = LogSampler(log_every_s)
+    for reason in REJECT_REASONS:  # every reason exported from the start, at 0
+        metrics.WEBHOOKS_REJECTED.labels(reason)
+
+    def refuse(reason: RejectReason, why: str, status: int, answer: str) -> web.Response:
+        metrics.WEBHOOKS_REJECTED.labels(reason).inc()
+        held = sampler.admit(reason)
+        if held is not None:  # `why` is fixed text: nothing the caller sent is logged
+            log.warning("webhook refused (%s): %s%s", reason, why,
+                        f"; {held} more refused for this reason since the last such line"
+                        if held else "")
+        return web.json_response({"error": answer}, status=status)
+
+    async def webhook(request: web.Request) -> web.Response:
+        if not secret:
+            return web.json_response({"error": "SUME_WEBHOOK_SECRET is not set"}, status=503)
+        too_large = f"body larger than {MAX_BODY_BYTES} bytes"
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            # refused on its header, never read into memory (aiohttp discards what follows
+            # for at most its lingering time, 10 s); a body without a length (chunked) is cut
+            # off by client_max_size as soon as it passes the limit
+            return refuse("too_large", "declared body over the limit", 413, too_large)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return refuse("too_large", "chunked body cut off at the limit", 413, too_large)
+        try:
+            # the value that matched, not the raw header: a repeat re-spaced, re-ordered or
+            # padded with other values is still the same signed delivery
+            signed = verify(secret, request.headers.get("X-Sume-Timestamp"),
+                            request.headers.get("X-Sume-Signature"), body, clock(),
+                            tolerance_s)
+        except WebhookRejected as exc:
+            return refuse(exc.reason, str(exc), 401, "invalid signature or timestamp")
+        event_id = request.headers.get("X-Sume-Event-Id", "").strip()
+        job_id = job_id_of(body)
+        if not event_id or job_id is None:
+            return refuse("malformed", "no X-Sume-Event-Id or no job id in the body", 400,
+                          "need X-Sume-Event-Id and a job id in the body")
+        try:
+            effect, made_due = await store.receive_webhook(event_id[:200], job_id, signed)
+        except DatabaseUnavailable:
+            # Sume retries a delivery that failed; polling finds the state meanwhile anyway
+            return web.json_response({"error": "database unavailable"}, status=503)
+        if effect is None:
+            return web.json_response({"status": "duplicate"})  # 2xx: Sume stops resending
+        if effect == "unknown":
+            log.info("webhook for a job vidpoll does not track: %s (event %s)", job_id, event_id)
+        return web.json_response({"status": effect, "made_due": made_due})
+
+    app.router.add_post("/webhooks/sume", webhook)
+    older_than_s = retention_in_force(retention_s, tolerance_s)
+    if not secret or older_than_s is None:
+        return None
+    pruner = app[WEBHOOK_PRUNER] = WebhookEventPruner(store, older_than_s, prune_every_s)
+
+    async def pruning(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(pruner.run(), name="webhook-event-pruner")
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    app.cleanup_ctx.append(pruning)
+    return pruner

@@ -1,0 +1,48 @@
+"""cancel_and_wait: a stop that arrives while a helper is being stopped is never lost."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from vidpoll.aio import cancel_and_wait
+
+
+def _slow_to_stop(release: asyncio.Event, ends_with: BaseException) -> asyncio.Task[None]:
+    async def helper() -> None:
+        try:
+            await asyncio.Event().wait()  # until cancelled
+        except asyncio.CancelledError:
+            await release.wait()  # then it takes a while to end
+            raise ends_with from None
+
+    return asyncio.create_task(helper())
+
+
+async def test_a_caller_cancelled_while_it_waits_is_cancelled() -> None:
+    release = asyncio.Event()
+    helper = _slow_to_stop(release, asyncio.CancelledError())
+    await asyncio.sleep(0)  # the helper waits
+    caller = asyncio.create_task(cancel_and_wait(helper))
+    await asyncio.sleep(0)  # the caller has cancelled the helper and waits for it
+    assert not caller.done() and not helper.done()
+    caller.cancel()  # a stop for the caller, while it waits
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await caller  # `with suppress(CancelledError): await helper` returned normally here
+    await asyncio.wait([helper])
+    assert helper.cancelled()
+
+
+async def test_the_helpers_own_cancellation_is_not_raised_but_its_error_is() -> None:
+    release = asyncio.Event()
+    release.set()
+    quiet = _slow_to_stop(release, asyncio.CancelledError())
+    broken = _slow_to_stop(release, RuntimeError("broke while stopping"))
+    await asyncio.sleep(0)  # both wait
+    await cancel_and_wait(quiet)
+    assert quiet.cancelled()
+    with pytest.raises(RuntimeError, match="broke while stopping"):
+        await cancel_and_wait(broken)
+    await cancel_and_wait(None)
