@@ -15,9 +15,10 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
     subscribing, and the runner that had cancelled it waited for it forever (a `--drain` that
     never ended, about one run in ten).
     """
-    if task is None or task.done():
+    if task is None:
         return
-    task.cancel()
-    await asyncio.wait([task])  # raises only if the caller itself is cancelled
+    if not task.done():
+        task.cancel()
+        await asyncio.wait([task])  # raises only if the caller itself is cancelled
     if not task.cancelled():
         task.result()  # what it ended with instead, if anything

@@ -427,7 +427,7 @@ class FetchGuard:
             resp.close()
             try:
                 target = URL(location, encoded=True)
-                current = target if target.absolute else current.join(target)
+                current = current.join(target)  # absolute, scheme-relative or relative
             except ValueError:
                 raise DownloadRefused(f"{shown} refused: {where}its redirect {hop + 1} is not "
                                       "a valid URL") from None

@@ -145,6 +145,24 @@ async def test_a_redirect_from_the_api_origin_to_loopback_elsewhere_is_refused(t
                                    and "VIDPOLL_MEDIA_ALLOW_HOSTS" in text)
 
 
+async def test_scheme_relative_and_relative_redirects_on_the_api_origin_are_followed(tmp_path):
+    # `Location: //host/path` keeps the scheme of the hop it came from (RFC 3986): it was
+    # refused for good as "no scheme", failing a delivery that had a good file
+    port: list[int] = []
+
+    def routes(app: web.Application, server: Server) -> None:
+        file_route("/v.mp4")(app, server)
+        redirect_route("/scheme-relative", lambda: f"//127.0.0.1:{port[0]}/v.mp4")(app, server)
+        redirect_route("/relative", lambda: "v.mp4")(app, server)
+
+    async with serving(routes) as api, downloader(tmp_path, api.url) as d:
+        port.append(api.port)
+        [a] = await d.download("a", [f"{api.url}/scheme-relative?sig={SECRET}"])
+        [b] = await d.download("b", [f"{api.url}/relative?sig={SECRET}"])
+    assert Path(a.path).read_bytes() == Path(b.path).read_bytes() == VIDEO
+    assert [path for path, _ in api.requests].count("/v.mp4") == 2
+
+
 async def test_a_name_that_resolves_to_a_private_address_is_refused_at_connect(tmp_path):
     async with serving(file_route("/v.mp4")) as media, serving(file_route("/x")) as api:
         resolver = MapResolver({"cdn.test": "10.1.2.3", "rebound.test": "127.0.0.1",

@@ -45,4 +45,6 @@ async def test_the_helpers_own_cancellation_is_not_raised_but_its_error_is() -> 
     assert quiet.cancelled()
     with pytest.raises(RuntimeError, match="broke while stopping"):
         await cancel_and_wait(broken)
+    with pytest.raises(RuntimeError, match="broke while stopping"):
+        await cancel_and_wait(broken)  # ended already: still what it ended with
     await cancel_and_wait(None)
