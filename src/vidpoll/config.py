@@ -6,9 +6,10 @@ import ipaddress
 import os
 import re
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import platformdirs
@@ -16,6 +17,8 @@ import platformdirs
 from vidpoll.errors import ConfigError, InvalidIntent
 from vidpoll.models import DEFAULT_ACCOUNT
 from vidpoll.policy import Budget, PollPolicy, validate_account
+
+T = TypeVar("T")
 
 DEFAULT_SUME_BASE_URL = "https://api.sume.com"
 DEFAULT_HTTP_TIMEOUT_S = 15.0
@@ -343,19 +346,28 @@ def key_variable(account: str) -> str:
     return "SUME_API_KEY" if account == DEFAULT_ACCOUNT else f"SUME_API_KEY_{account.upper()}"
 
 
+def _by_account(env: Mapping[str, str], prefix: str,
+                read: Callable[[str], T]) -> dict[str, T]:
+    """`<prefix><ACCOUNT>` variables that are set and not empty, by account, each read by
+    `read(variable name)`; an account name that is not one is a ConfigError naming it."""
+    found: dict[str, T] = {}
+    for name, value in env.items():
+        if name.startswith(prefix) and value.strip():
+            account = name.removeprefix(prefix).lower()
+            try:
+                validate_account(account)
+            except InvalidIntent as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+            found[account] = read(name)
+    return found
+
+
 def _account_keys(env: Mapping[str, str]) -> dict[str, str]:
     keys: dict[str, str] = {}
     default = check_text(env, "SUME_API_KEY")
     if default:
         keys[DEFAULT_ACCOUNT] = default
-    for name, value in env.items():
-        if name.startswith("SUME_API_KEY_") and value.strip():
-            account = name.removeprefix("SUME_API_KEY_").lower()
-            try:
-                validate_account(account)
-            except InvalidIntent as exc:
-                raise ConfigError(f"{name}: {exc}") from None
-            keys[account] = check_text(env, name)
+    keys.update(_by_account(env, "SUME_API_KEY_", lambda name: check_text(env, name)))
     return keys
 
 
@@ -398,17 +410,8 @@ def parse_allow_hosts(raw: str, name: str) -> frozenset[AllowedHost]:
 
 def _account_allow_hosts(env: Mapping[str, str]) -> dict[str, frozenset[AllowedHost]]:
     """VIDPOLL_MEDIA_ALLOW_HOSTS_<ACCOUNT> by account (set and not empty)."""
-    prefix = MEDIA_ALLOW_HOSTS_VARIABLE + "_"
-    lists: dict[str, frozenset[AllowedHost]] = {}
-    for name, value in env.items():
-        if name.startswith(prefix) and value.strip():
-            account = name.removeprefix(prefix).lower()
-            try:
-                validate_account(account)
-            except InvalidIntent as exc:
-                raise ConfigError(f"{name}: {exc}") from None
-            lists[account] = parse_allow_hosts(value, name)
-    return lists
+    return _by_account(env, MEDIA_ALLOW_HOSTS_VARIABLE + "_",
+                       lambda name: parse_allow_hosts(env[name], name))
 
 
 _BYTE_UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
