@@ -1594,6 +1594,7 @@ def serve_cmd(host: str, port: int, metrics_port: int | None, metrics_host: str)
                          dashboard_token=settings.dashboard_token or None,
                          loopback_only=loopback and not settings.dashboard_token,
                          metrics_token=settings.metrics_token or None, metrics_apart=apart,
+                         trusted_proxies=settings.trusted_proxies,
                          webhook_events_retention_s=settings.webhook_events_retention_s),
                 host, port), host, port, "--port")
             scrapes = "/metrics"

@@ -19,6 +19,8 @@ from vidpoll.models import DEFAULT_ACCOUNT
 from vidpoll.policy import Budget, PollPolicy, validate_account
 
 T = TypeVar("T")
+ProxyNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+TRUSTED_PROXIES_VARIABLE = "VIDPOLL_TRUSTED_PROXIES"
 
 DEFAULT_SUME_BASE_URL = "https://api.sume.com"
 DEFAULT_HTTP_TIMEOUT_S = 15.0
@@ -227,6 +229,9 @@ class Settings:
     dashboard_token: str = field(default="", repr=False)
     """VIDPOLL_DASHBOARD_TOKEN: required by `vidpoll serve` bound beyond loopback."""
     metrics_token: str = field(default="", repr=False)
+    trusted_proxies: tuple[ProxyNetwork, ...] = ()
+    """VIDPOLL_TRUSTED_PROXIES: the reverse proxies whose X-Forwarded-For `serve` believes
+    (their addresses or networks); nobody's by default."""
     """VIDPOLL_METRICS_TOKEN: `vidpoll serve`'s /metrics and /readyz answer only to it (or to
     the dashboard token) as `Authorization: Bearer`."""
     prepared_statements: bool = True
@@ -304,6 +309,8 @@ class Settings:
             webhook_tolerance_s=tolerance,
             dashboard_token=check_text(env, "VIDPOLL_DASHBOARD_TOKEN"),
             metrics_token=check_text(env, "VIDPOLL_METRICS_TOKEN"),
+            trusted_proxies=parse_networks(env.get(TRUSTED_PROXIES_VARIABLE, ""),
+                                           TRUSTED_PROXIES_VARIABLE),
             prepared_statements=_on_off(env, "VIDPOLL_DB_PREPARE", True),
             embedded=embedded_allowed(env),
             events_retention_s=_retention(env, "VIDPOLL_EVENTS_RETENTION",
@@ -372,6 +379,22 @@ def _account_keys(env: Mapping[str, str]) -> dict[str, str]:
 
 
 _HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
+
+
+def parse_networks(raw: str, name: str) -> tuple[ProxyNetwork, ...]:
+    """A comma-separated list of IP addresses and networks (`10.0.0.7, 10.1.0.0/16, fd00::/8`);
+    a ConfigError naming `name` for an entry that is neither (a host name, a URL)."""
+    found: list[ProxyNetwork] = []
+    for item in raw.split(","):
+        entry = item.strip()
+        if not entry:
+            continue
+        try:
+            found.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            raise ConfigError(f"{name}: {entry!r} is not an IP address or network (like "
+                              "10.0.0.7, 10.1.0.0/16 or fd00::/8; no names)") from None
+    return tuple(found)
 
 
 def parse_allow_hosts(raw: str, name: str) -> frozenset[AllowedHost]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import ipaddress
 import logging
 import re
 import time
@@ -108,11 +109,104 @@ async def test_50_parallel_wrong_logins_by_form_and_bearer_check_at_most_the_bud
         await runner.cleanup()
 
 
-async def test_the_budget_per_address_and_overall_and_what_a_lockout_costs(store):
+class Gate:
+    """The lane's sleep, held by the test: each sleep waits until the test lets one go, then
+    moves the clock as far as it asked (the refill it waited for)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock, self.go = clock, asyncio.Semaphore(0)
+
+    async def __call__(self, seconds: float) -> None:
+        await self.go.acquire()
+        self.clock.now += seconds
+
+
+async def until(condition: Any, what: str) -> None:
+    """Wait for a state the server exposes (never for a duration)."""
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.005)
+
+
+async def test_wrong_tokens_from_ten_addresses_lock_nobody_out(store):
+    # the review's attack: 10 addresses spend the overall budget (100 a minute) between them
+    clock = Clock()  # moved by the test: the budget is spent exactly, however slow the host
+    limiter = vidpoll.web.dashboard.FailureLimiter(clock=clock)  # serve's default budgets
+    runner, site = await walled(store, metrics_token=METRICS_TOKEN, limiter=limiter)
+    try:
+        async def guesser(n: int) -> list[int]:
+            async with client(f"127.0.0.{n}") as http:
+                return [(await get(http, site + "/", f"wrong-{n}-{i}"))[0] for i in range(10)]
+
+        seen = Counter(s for statuses in await asyncio.gather(*(
+            guesser(n) for n in range(2, 12))) for s in statuses)
+        assert seen == {303: 100}, seen  # all checked (wrong: to the login form)
+
+        async def right_bearer() -> int:
+            async with client("127.0.0.50") as http:
+                return (await get(http, site + "/", TOKEN))[0]
+
+        async def right_form() -> int:
+            async with client("127.0.0.51") as http:
+                return await login(http, site)
+
+        bearer, form = asyncio.create_task(right_bearer()), asyncio.create_task(right_form())
+        await until(lambda: bearer.done() or form.done()
+                    or getattr(limiter, "waiting", 0) == 2, "both wait their turn")
+        # meanwhile the scrape, on a budget of its own, is not held up at all
+        async with client("127.0.0.52") as http:
+            assert (await get(http, site + "/metrics", METRICS_TOKEN))[0] == 200
+        if not (bearer.done() or form.done()):
+            clock.now += 0.6  # the overall budget refills one failure: one check
+        # the right token gets in, by Bearer and by the form (its failure given back lets
+        # the second one through at once), instead of a 429 for the rest of the minute
+        assert (await bearer, await form) == (200, 303)
+    finally:
+        await runner.cleanup()
+
+
+async def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_budget(store):
+    # serve behind nginx: every request comes from the proxy. Without VIDPOLL_TRUSTED_PROXIES
+    # one guesser spends the budget every visitor shares; with it, X-Forwarded-For (read
+    # from the right, past the trusted proxy) names the client
+    async def as_forwarded(site: str, forwarded: str, token: str) -> int:
+        async with client() as http, http.get(
+                site + "/", allow_redirects=False, headers={
+                    "Authorization": f"Bearer {token}", "X-Forwarded-For": forwarded}) as resp:
+            return resp.status
+
+    guesser, colleague = "203.0.113.5", "198.51.100.7"
+    results = {}
+    for trusted in ((), (ipaddress.ip_network("127.0.0.1/32"),)):
+        clock = Clock()  # still: nothing refills during the test
+        limiter = vidpoll.web.dashboard.FailureLimiter(clock=clock)
+        runner, site = await walled(store, limiter=limiter, trusted_proxies=trusted)
+        try:
+            wrong = [await as_forwarded(site, guesser, f"wrong-{i}") for i in range(10)]
+            assert wrong == [303] * 10  # all checked: the per-client budget, spent
+            results[bool(trusted)] = (
+                await as_forwarded(site, guesser, "wrong-10"),
+                await as_forwarded(site, colleague, TOKEN),
+                # a client-written entry to the left of what the proxy appended is not read
+                await as_forwarded(site, f"{colleague}, {guesser}", TOKEN))
+        finally:
+            await runner.cleanup()
+    assert results[False] == (429, 429, 429)  # everyone is the proxy: locked out together
+    assert results[True] == (429, 200, 429)  # only the guesser waits
+
+
+async def test_a_spent_overall_budget_makes_checks_wait_in_one_lane_paced_at_the_budget(
+        store):
     clock = Clock()
+    gate = Gate(clock)
     limiter = vidpoll.web.dashboard.FailureLimiter(per_client=10, overall=15, window_s=60.0,
-                                                   clock=clock)
+                                                   clock=clock, waiters=3, sleep=gate)
     runner, site = await walled(store, limiter=limiter)
+
+    def checked_bound() -> int:  # the overall budget and its refill since the start
+        return 15 + int((clock.now - 1000.0) * 15 / 60)
+
     try:
         kept = await session_of(site)  # signed in before the attack
         async with client() as http:
@@ -121,38 +215,55 @@ async def test_the_budget_per_address_and_overall_and_what_a_lockout_costs(store
                 asyncio.gather(*(get(http, site + "/", f"wrong-{i}") for i in range(25))))
             seen = Counter([*form, *(status for status, _ in bearer)])
             assert seen[401] + seen[303] == 10 and seen[429] == 40, seen
-            # each refusal says when to come back: this address's budget refills 1 per 6 s
+            # an address whose own budget is spent is refused: it refills 1 per 6 s
             assert {after for status, after in bearer if status == 429} == {"6"}
-            # the lockout (the trade-off): the right token from this address waits too...
+            # the trade-off: the right token from this very address waits too...
             assert await login(http, site) == 429
             assert await get(http, site + "/", TOKEN) == (429, "6")
             # ...while a session signed in before keeps working: no token to check
             assert (await get(http, site + "/", cookie=kept))[0] == 200
-        async with client("127.0.0.2") as other:
-            # another address has a budget of its own, within the overall one (15 - 10)
-            seen = Counter(s for s, _ in await asyncio.gather(*(
-                get(other, site + "/", f"wrong-{i}") for i in range(8))))
-            assert seen == {303: 5, 429: 3}, seen
-        async with client("127.0.0.3") as third:
-            # the overall budget is spent: a fresh address's right token waits as well
-            assert await get(third, site + "/", TOKEN) == (429, "4")  # 15 a minute: 4 s
-        clock.now += 6  # no longer than needed: one failure back for the first address
+
+        # five more addresses, four wrong tokens each, all at once: 5 are checked (15 - 10),
+        # 3 wait in the lane, and the other 12 are refused unread (the lane is full)
+        others = [client(f"127.0.0.{n}") for n in range(2, 7)]
+        guesses = [asyncio.create_task(get(http, site + "/", f"wrong-{i}"))
+                   for http in others for i in range(4)]
+        await until(lambda: limiter.waiting == 3 and sum(t.done() for t in guesses) == 17,
+                    "three waiting, the rest answered")
+        seen = Counter(t.result() for t in guesses if t.done())
+        assert seen == {(303, ""): 5, (429, "12"): 12}, seen  # 3 waiting, 4 s each
+        async with client("127.0.0.20") as fresh:  # what remains: a full lane refuses
+            assert await get(fresh, site + "/", TOKEN) == (429, "12")
+        gate.go.release()  # the budget refills one failure (4 s): one waiting guess checked
+        await until(lambda: limiter.waiting == 2, "one guess let through")
+        async with client("127.0.0.21") as fresh:
+            right = asyncio.create_task(get(fresh, site + "/", TOKEN))
+            await until(lambda: limiter.waiting == 3, "the right token waits its turn")
+            for _ in range(3):
+                gate.go.release()
+            assert (await right)[0] == 200  # after the two guesses before it
+        seen = Counter(status for status, _ in await asyncio.gather(*guesses))
+        assert seen == {303: 8, 429: 12}, seen
+        # 10 + 8 wrong tokens checked, within the budget of the 16 s the lane waited
+        assert 10 + 8 <= checked_bound() == 19
+        assert limiter.waited == 4
+        for http in others:
+            await http.close()
+
         async with client() as http:
-            assert (await get(http, site + "/", TOKEN))[0] == 200
-            # a right token gives back the failure it reserved: twenty in a row get in
+            # the first address's own budget refilled (16 s): the right token gives back
+            # the failure it took, so twenty in a row get in without waiting
             for _ in range(20):
                 assert (await get(http, site + "/", TOKEN))[0] == 200
             assert await login(http, site) == 303
-        async with client() as http:
-            assert (await get(http, site + "/", "wrong-again"))[0] == 303  # one was left
-            assert (await get(http, site + "/", "wrong-again"))[0] == 429
+            assert limiter.waited == 4
     finally:
         await runner.cleanup()
 
 
-async def test_wrong_metrics_tokens_draw_on_the_same_budget(store):
-    limiter = vidpoll.web.dashboard.FailureLimiter(per_client=3, overall=100, clock=Clock())
-    runner, site = await walled(store, metrics_token=METRICS_TOKEN, limiter=limiter)
+async def test_a_wrong_scrape_token_is_a_guess_of_both_tokens_each_on_its_own_budget(store):
+    dashboard = vidpoll.web.dashboard.FailureLimiter(per_client=3, overall=100, clock=Clock())
+    runner, site = await walled(store, metrics_token=METRICS_TOKEN, limiter=dashboard)
     try:
         async with client() as http:
             seen = Counter(s for s, _ in await asyncio.gather(*(
@@ -161,6 +272,8 @@ async def test_wrong_metrics_tokens_draw_on_the_same_budget(store):
             assert seen == {401: 3, 429: 3}, seen
             # the dashboard token is guessed through /metrics no faster than through /login
             assert await login(http, site) == 429
+            # the metrics token, on a budget of its own, still scrapes from this address
+            assert (await get(http, site + "/metrics", METRICS_TOKEN))[0] == 200
     finally:
         await runner.cleanup()
 

@@ -370,6 +370,9 @@ def least_privilege(empty_db: str) -> Iterator[dict[str, str]]:
             admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
 
 
+LP_TOKEN = "least-privilege-dashboard-token"
+
+
 async def test_a_least_privilege_worker_role_does_everything_a_worker_does(
         least_privilege, fake, fake_url, tmp_path):
     owner, worker_url = least_privilege["owner"], least_privilege["worker"]
@@ -433,6 +436,28 @@ async def test_a_least_privilege_worker_role_does_everything_a_worker_does(
         finally:
             await runner.cleanup()
         assert await store.resume("lp-1") is None  # a Sume terminal state is never resumed
+
+        # `vidpoll serve` with a token, as the worker: the salt (made by this first start),
+        # a session added at sign-in, read on every page, deleted at sign-out
+        runner, site = await start_server(make_app(store, None, dashboard_token=LP_TOKEN,
+                                                   loopback_only=False), "127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+                for _ in range(2):  # sign in, a page, sign out; then sign in again
+                    async with http.post(site + "/login", data={"token": LP_TOKEN},
+                                         allow_redirects=False) as resp:
+                        assert resp.status == 303
+                    async with http.get(site + "/jobs") as resp:
+                        assert resp.status == 200
+                        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', await resp.text())
+                    assert csrf
+                    async with http.post(site + "/logout", data={"csrf": csrf.group(1)},
+                                         allow_redirects=False) as resp:
+                        assert resp.status == 303
+                    async with http.get(site + "/jobs", allow_redirects=False) as resp:
+                        assert resp.status == 303  # signed out: to the login form
+        finally:
+            await runner.cleanup()
     finally:
         await store.close()
 

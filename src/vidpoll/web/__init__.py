@@ -7,12 +7,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vidpoll import metrics
+from vidpoll.config import ProxyNetwork
 from vidpoll.errors import DatabaseUnavailable, SchemaError
 from vidpoll.store import PgStore
 from vidpoll.web.dashboard import FailureLimiter, Guard, setup_dashboard
@@ -56,6 +57,8 @@ def make_app(store: PgStore, webhook_secret: str | None,
              loopback_only: bool = True,
              metrics_token: str | None = None, metrics_apart: bool = False,
              limiter: FailureLimiter | None = None,
+             metrics_limiter: FailureLimiter | None = None,
+             trusted_proxies: Sequence[ProxyNetwork] = (),
              webhook_events_retention_s: float | None = None,
              webhook_prune_every_s: float = PRUNE_EVERY_S,
              webhook_log_every_s: float = REJECT_LOG_EVERY_S) -> web.Application:
@@ -65,7 +68,9 @@ def make_app(store: PgStore, webhook_secret: str | None,
     answers only to a loopback Host header. `metrics_token`: /metrics and /readyz need it (or
     the dashboard token) as Bearer; without it, /metrics needs the dashboard token if there
     is one. `metrics_apart`: /metrics and /readyz are served by a `metrics_app` of their own
-    (serve --metrics-port), not here. `limiter`: the budget of wrong tokens (a default one).
+    (serve --metrics-port), not here. `limiter`, `metrics_limiter`: the budgets of wrong
+    dashboard and metrics tokens (default ones). `trusted_proxies`: the peers whose
+    X-Forwarded-For names the client a budget is kept for (VIDPOLL_TRUSTED_PROXIES).
     `webhook_events_retention_s`: as Settings.webhook_events_retention_s (None: the replay
     window plus an hour; inf: never); with a secret, webhook events older than that are
     deleted at start and every `webhook_prune_every_s` (vidpoll.web.webhooks)."""
@@ -76,7 +81,8 @@ def make_app(store: PgStore, webhook_secret: str | None,
                    retention_s=webhook_events_retention_s,
                    prune_every_s=webhook_prune_every_s, log_every_s=webhook_log_every_s)
     guard = Guard(dashboard_token, loopback_only, sessions=store, metrics_token=metrics_token,
-                  limiter=limiter)
+                  limiter=limiter, metrics_limiter=metrics_limiter,
+                  trusted_proxies=trusted_proxies)
     app[GUARD] = guard
     add_health_and_metrics(app, store, guard=guard, scrapes=not metrics_apart)
     if dashboard:
@@ -109,14 +115,14 @@ def add_health_and_metrics(app: web.Application, store: PgStore,
     always open: a liveness probe carries no token."""
     refreshed = [0.0]
 
-    def refusal(request: web.Request) -> web.StreamResponse | None:
-        return None if guard is None else guard.scrape_refusal(request, public)
+    async def refusal(request: web.Request) -> web.StreamResponse | None:
+        return None if guard is None else await guard.scrape_refusal(request, public)
 
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
     async def readyz(request: web.Request) -> web.StreamResponse:
-        if (refused := refusal(request)) is not None:
+        if (refused := await refusal(request)) is not None:
             return refused
         try:
             await store.check_schema()
@@ -127,7 +133,7 @@ def add_health_and_metrics(app: web.Application, store: PgStore,
         return web.json_response({"status": "ready"})
 
     async def scrape(request: web.Request) -> web.StreamResponse:
-        if (refused := refusal(request)) is not None:
+        if (refused := await refusal(request)) is not None:
             return refused
         body = generate_latest(metrics.REGISTRY)
         if table_gauges:

@@ -13,8 +13,10 @@ HttpOnly, SameSite=Strict cookie: its issue time, a session id and an HMAC under
 with scrypt from the token and a random salt kept in the database, never the token); the
 session is a row in the database, so logging out ends it for every copy of the cookie and
 every `serve`. Wrong tokens, on any path that takes one (the form, `Authorization: Bearer`, the
-scrape routes), draw on one FailureLimiter per process: a few per client address and a budget
-for all clients, checked before the token is, so parallel guesses cannot outrun it. Every
+scrape routes), draw on a FailureLimiter per token and process: a few per client address
+(spent: 429) and a budget for all clients (spent: checks wait their turn in one lane, paced
+at the budget), taken before the token is compared, so parallel guesses cannot outrun it and
+guessers cannot lock out the right token; the metrics token has a budget of its own. Every
 comparison is of bytes (no input can make it raise). `vidpoll serve` refuses to bind beyond
 loopback without a token; bound to loopback without one, only a loopback Host header is served
 (no DNS rebinding).
@@ -41,6 +43,7 @@ import jinja2
 from aiohttp import web
 from markupsafe import Markup, escape
 
+from vidpoll.config import ProxyNetwork
 from vidpoll.logs import Redactor, secrets_from_env
 from vidpoll.media import without_signatures
 from vidpoll.models import (
@@ -82,6 +85,10 @@ FAILURE_WINDOW_S = 60.0
 CLIENTS_KEPT = 1000
 """Above this many client buckets, the ones that refilled are forgotten (a full bucket is the
 same as none); the overall budget bounds how many can be partly spent."""
+LANE_WAITERS = 10
+"""Checks that may wait for the overall budget at once: one leaves every 0.6 s at the
+defaults, so the last waits 6 s (below Prometheus's default scrape timeout of 10 s); more are
+refused with 429 until one leaves."""
 _COOKIE = re.compile(r"(\d{1,12})\.([0-9a-f]{32})\.([0-9a-f]{64})")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -114,63 +121,123 @@ class _Bucket:
 
 
 class FailureLimiter:
-    """Budgets of wrong tokens, per client address and for all clients: each holds `burst`
-    failures and refills at that many per `window_s`. A guess takes one failure from both
-    before its token is checked (an asyncio handler does not yield between the two, so any
-    number of parallel guesses get at most the budget checked); a right token gives it back,
-    so the budget only ever counts wrong ones."""
+    """The budget of wrong guesses of one token, per client address and for all clients:
+    each holds `burst` failures and refills at that many per `window_s`. A check takes one
+    failure from both before its token is compared (no await between the take and the
+    comparison), so any number of parallel guesses get at most the budget checked; a right
+    token gives it back, so the budget only ever counts wrong ones.
+
+    A client whose own budget is spent is refused (TooManyGuesses: 429). Once the overall
+    budget is spent, a check is not refused but waits in one lane: one waiter at a time, each
+    let through as the overall budget refills a failure (window_s / overall: 0.6 s at the
+    defaults), at most `waiters` waiting (more are refused). Guessers from many addresses
+    thus get no more checks than the budget, and a right token waits its turn instead of
+    being refused for the rest of the minute."""
 
     def __init__(self, per_client: int = FAILURES_PER_CLIENT,
                  overall: int = FAILURES_OVERALL, window_s: float = FAILURE_WINDOW_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, waiters: int = LANE_WAITERS,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.per_client, self.overall, self.window_s = per_client, overall, window_s
-        self._clock = clock
+        self.waiters = waiters
+        self._clock, self._sleep = clock, sleep
         self._clients: dict[str, _Bucket] = {}
         self._all = _Bucket(float(overall), clock())
+        self._lane = asyncio.Lock()  # FIFO: nobody who comes later overtakes a waiter
+        self.waiting = 0
+        """Checks waiting in the lane now."""
+        self.waited = 0
+        """Checks that waited in the lane (since the start)."""
 
     def _level(self, bucket: _Bucket, burst: int, now: float) -> float:
         refill = max(0.0, now - bucket.at) * burst / self.window_s
         return min(float(burst), bucket.left + refill)
 
-    def take(self, client: str) -> None:
-        """Take one failure for a check about to happen; TooManyGuesses if there is none."""
+    async def take(self, client: str) -> None:
+        """Take one failure for a check about to happen (the caller compares right after,
+        without awaiting in between); waits in the lane while the overall budget is spent;
+        TooManyGuesses if the client's own budget is spent or the lane is full."""
         now = self._clock()
         mine = self._clients.get(client) or _Bucket(float(self.per_client), now)
         left_mine = self._level(mine, self.per_client, now)
-        left_all = self._level(self._all, self.overall, now)
-        if left_mine < 1 or left_all < 1:
-            wait = max(self._wait(left_mine, self.per_client),
-                       self._wait(left_all, self.overall))
-            raise TooManyGuesses(max(1, math.ceil(wait)))
+        if left_mine < 1:
+            raise TooManyGuesses(max(1, math.ceil(self._wait(left_mine, self.per_client))))
+        # the client's failure is taken now: its parallel guesses queue no more than its budget
         mine.left, mine.at = left_mine - 1, now
-        self._all.left, self._all.at = left_all - 1, now
         self._clients[client] = mine
         if len(self._clients) > CLIENTS_KEPT:
             self._clients = {c: b for c, b in self._clients.items()
                              if self._level(b, self.per_client, now) < self.per_client}
+        if self.waiting == 0 and self._take_overall(now):
+            return
+        if self.waiting >= self.waiters:
+            self._give_back_client(client)  # refused unread: it was no check
+            raise TooManyGuesses(max(1, math.ceil(self.waiting * self.window_s
+                                                  / self.overall)))
+        self.waiting += 1
+        self.waited += 1
+        taken = False
+        try:
+            async with self._lane:
+                while not (taken := self._take_overall(self._clock())):
+                    level = self._level(self._all, self.overall, self._clock())
+                    await self._sleep(self._wait(level, self.overall))
+        finally:
+            self.waiting -= 1
+            if not taken:  # cancelled (the client went away): nothing was checked
+                self._give_back_client(client)
+
+    def _take_overall(self, now: float) -> bool:
+        left = self._level(self._all, self.overall, now)
+        if left < 1:
+            return False
+        self._all.left, self._all.at = left - 1, now
+        return True
 
     def give_back(self, client: str) -> None:
         """The token was right: the failure taken for it was none."""
+        self._give_back_client(client)
+        now = self._clock()
+        self._all.left, self._all.at = min(float(self.overall),
+                                           self._level(self._all, self.overall, now) + 1), now
+
+    def _give_back_client(self, client: str) -> None:
         now = self._clock()
         mine = self._clients.get(client)
         if mine is not None:
             mine.left, mine.at = min(float(self.per_client),
                                      self._level(mine, self.per_client, now) + 1), now
-        self._all.left, self._all.at = min(float(self.overall),
-                                           self._level(self._all, self.overall, now) + 1), now
 
     def _wait(self, left: float, burst: int) -> float:
         return 0.0 if left >= 1 else (1 - left) * self.window_s / burst
 
 
-def client_of(request: web.Request) -> str:
-    """The address a failure budget is kept for: the peer's IP, an IPv6 peer's /64 (one host
-    may own all of it). Never a proxy header (anyone can write one): behind a proxy every
-    client is the proxy, and the per-client budget becomes one more overall budget."""
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        ip = ipaddress.ip_address(request.remote or "")
+        return ipaddress.ip_address(text.strip())
     except ValueError:
+        return None
+
+
+def client_of(request: web.Request, trusted: Sequence[ProxyNetwork] = ()) -> str:
+    """The address a failure budget is kept for: the peer's IP, an IPv6 peer's /64 (one host
+    may own all of it). A proxy header only from a peer in `trusted` (anyone can write one):
+    then X-Forwarded-For is read from the right, each trusted proxy's entry skipped, and the
+    first address no trusted proxy owns is the client (what a client wrote to the left of it
+    is never read). Without `trusted`, behind a proxy every client is the proxy, and the
+    per-client budget becomes one more overall budget."""
+    ip = _ip(request.remote or "")
+    if ip is None:
         return request.remote or "-"
+    if trusted and any(ip in net for net in trusted):
+        forwarded = ",".join(request.headers.getall("X-Forwarded-For", [])).split(",")
+        for hop in reversed(forwarded):
+            before = _ip(hop)
+            if before is None:  # garbled: the last address known good stands
+                break
+            ip = before
+            if not any(ip in net for net in trusted):
+                break
     if isinstance(ip, ipaddress.IPv6Address):
         if ip.ipv4_mapped is not None:
             return str(ip.ipv4_mapped)
@@ -207,16 +274,22 @@ def too_many(exc: TooManyGuesses) -> web.Response:
 
 class Guard:
     """The dashboard's token wall, sessions and CSRF tokens, and the token checks of the
-    scrape routes, all drawing on one FailureLimiter."""
+    scrape routes: each token has a FailureLimiter of its own (`limiter` for the dashboard
+    token, `metrics_limiter` for the metrics token), so guessing one cannot hold up the
+    other's right callers."""
 
     def __init__(self, token: str | None, loopback_only: bool,
                  clock: Callable[[], float] = time.time, *,
                  sessions: SessionStore | None = None, metrics_token: str | None = None,
-                 limiter: FailureLimiter | None = None) -> None:
+                 limiter: FailureLimiter | None = None,
+                 metrics_limiter: FailureLimiter | None = None,
+                 trusted_proxies: Sequence[ProxyNetwork] = ()) -> None:
         self.token = token or None
+        self.trusted_proxies = tuple(trusted_proxies)
         self.metrics_token = metrics_token or None
         self.loopback_only = loopback_only
         self.limiter = limiter or FailureLimiter()
+        self.metrics_limiter = metrics_limiter or FailureLimiter()
         self._clock = clock
         if self.token is not None and sessions is None:
             raise ValueError("a dashboard token needs a session store (its salt, sessions)")
@@ -239,21 +312,26 @@ class Guard:
         return hmac.new(self._key, what.encode("utf-8", "surrogatepass"),
                         hashlib.sha256).hexdigest()
 
-    def check(self, request: web.Request, given: str,
-              accepted: Sequence[str] | None = None) -> bool:
-        """Whether `given` is the dashboard token (or one of `accepted`), in constant time;
-        a wrong one spends the client's and everyone's failure budget, and once that is
-        spent nothing is checked: TooManyGuesses. An empty `given` is no guess."""
-        tokens = [t for t in (accepted if accepted is not None else [self.token or ""]) if t]
-        if not given or not tokens:
+    async def check(self, request: web.Request, given: str,
+                    accepted: Sequence[tuple[str | None, FailureLimiter]] | None = None
+                    ) -> bool:
+        """Whether `given` is the dashboard token (or one of `accepted`, each with its
+        budget), in constant time. Each comparison is paid for first from its token's budget
+        (FailureLimiter.take: it may wait in the lane, or raise TooManyGuesses, and then
+        nothing more is compared); a right token gives its failure back. An empty `given` is
+        no guess."""
+        tokens = [(t, budget) for t, budget in (
+            accepted if accepted is not None else [(self.token, self.limiter)]) if t]
+        if not given:
             return False
-        client = client_of(request)
-        self.limiter.take(client)
-        # every candidate compared (no early exit: the time says nothing about which matched)
-        right = sum(same(given, t) for t in tokens) > 0
-        if right:
-            self.limiter.give_back(client)
-        return right
+        client = client_of(request, self.trusted_proxies)
+        for token, budget in tokens:
+            await budget.take(client)
+            # no await since the take: parallel guesses get no more comparisons than it allows
+            if same(given, token):
+                budget.give_back(client)
+                return True
+        return False
 
     async def new_session(self) -> str:
         """A new signed-in session: recorded in the database, and its cookie (the issue
@@ -295,7 +373,7 @@ class Guard:
             return True
         if await self.session_ok(request.cookies.get(SESSION_COOKIE, "")):
             return True
-        return self.check(request, bearer_of(request))
+        return await self.check(request, bearer_of(request))
 
     def csrf(self, request: web.Request) -> str:
         """The CSRF token for forms on this session (each session has its own)."""
@@ -309,21 +387,26 @@ class Guard:
             return False
         return same(given, self.csrf(request))
 
-    def scrape_refusal(self, request: web.Request, public: bool) -> web.StreamResponse | None:
+    async def scrape_refusal(self, request: web.Request,
+                             public: bool) -> web.StreamResponse | None:
         """Whether /metrics or /readyz (request.path) may be read, as a refusal or None.
 
         With a metrics token both need it (or the dashboard token) as Bearer; without one,
         /metrics on the public port needs the dashboard token if there is one (a proxy in
         front makes a loopback bind public too), and /readyz stays open for probes (it names
-        only the kind of failure). `public`: the dashboard's port, not `--metrics-port`."""
+        only the kind of failure). `public`: the dashboard's port, not `--metrics-port`.
+
+        The metrics token is compared first, on its own budget (a scrape never waits for the
+        dashboard's guessers); a token that is not it is a guess of the dashboard token too,
+        on the dashboard's budget (no faster through /metrics than through /login)."""
         if self.metrics_token is not None:
-            accepted = [self.metrics_token, self.token or ""]
+            accepted = [(self.metrics_token, self.metrics_limiter), (self.token, self.limiter)]
         elif public and request.path == "/metrics" and self.token is not None:
-            accepted = [self.token]
+            accepted = [(self.token, self.limiter)]
         else:
             return None
         try:
-            if self.check(request, bearer_of(request), accepted):
+            if await self.check(request, bearer_of(request), accepted):
                 return None
         except TooManyGuesses as exc:
             return too_many(exc)
@@ -525,7 +608,7 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
             return render(request, "login.html", next=nxt, wrong=False, needed=bool(guard.token))
         form = await form_of(request)
         try:
-            right = guard.check(request, str(form.get("token", "")))
+            right = await guard.check(request, str(form.get("token", "")))
         except TooManyGuesses as exc:  # not even checked
             return render(request, "login.html", status=429, next=nxt, wrong=False,
                           needed=True, retry_after=exc.retry_after_s,
