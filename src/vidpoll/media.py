@@ -23,6 +23,8 @@ def shown_url(url: str) -> str:
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""
+        if ":" in host:  # an IPv6 address: its brackets, or the port could not be told apart
+            host = f"[{host}]"
         if parts.port is not None:
             host = f"{host}:{parts.port}"
         return urlunsplit((parts.scheme, host, parts.path, "", ""))
@@ -86,14 +88,21 @@ def file_names(urls: list[str]) -> list[str]:
     return names
 
 
-_SLASH = r"(?:/|\\+/|\\+u002[fF]|%(?:25)*2[fF]|&#(?:0*47|[xX]0*2[fF]);?|&sol;)"
+_SLASH = r"(?:/|\\++/|\\++u002[fF]|%(?:25)*+2[fF]|&#(?:0*+47|[xX]0*+2[fF]);?|&sol;)"
 _URL_IN_TEXT = re.compile(
-    r"[A-Za-z][A-Za-z0-9+.-]*(?P<sep>://|(?::|%(?:25)*3[aA])" + _SLASH + "{2})"
-    r"[^\s'\"<>]+")
+    # a match starts only where a run of scheme characters starts, and takes the run whole:
+    # tried from each letter of a long run with no `://` after it, the scan was quadratic
+    # (32 KiB of letters and a `%3a`: 9 s). The scheme is the run from its first letter on;
+    # what comes before that letter (`lead`: digits, `+`, `.`, `-`) is kept as it is
+    r"(?<![A-Za-z0-9+.-])(?P<lead>[0-9+.-]*+)"
+    r"(?P<url>[A-Za-z][A-Za-z0-9+.-]*+(?P<sep>://|(?::|%(?:25)*+3[aA])" + _SLASH + "{2})"
+    r"[^\s'\"<>]++)")
 """A URL in free text, its `://` as written or escaped: JSON's `\\/` and `\\u002f` (any
 number of backslashes: JSON inside a JSON string), percent-encoding (`%3A%2F%2F`, `%253A...`)
-or an HTML character reference (`&#x2F;`, `&#47;`, `&sol;`), as an error page may quote it."""
-_JSON_ESCAPE = re.compile(r"\\+(?:u([0-9a-fA-F]{4})|([/\"]))")
+or an HTML character reference (`&#x2F;`, `&#47;`, `&sol;`), as an error page may quote it.
+Linear in the text's length: every run (scheme, backslashes, `25`s, zeros) is taken
+possessively, and only from its start."""
+_JSON_ESCAPE = re.compile(r"(?<!\\)\\++(?:u([0-9a-fA-F]{4})|([/\"]))")
 MAX_UNESCAPE_ROUNDS = 4
 """An escaped URL is decoded at most this many times over (a URL percent-encoded into a
 JSON string inside an HTML page is three)."""
@@ -119,10 +128,11 @@ def _unescaped(url: str) -> str:
 
 
 def _shown_match(match: re.Match[str]) -> str:
-    url = match.group(0)
+    url = match.group("url")
     # a URL written plainly is shown as before, byte for byte; an escaped one is decoded
     # first (its `?` may itself be escaped), then shown
-    return shown_url(url if match.group("sep") == "://" else _unescaped(url))
+    return match.group("lead") + shown_url(
+        url if match.group("sep") == "://" else _unescaped(url))
 
 
 def redact_urls(text: str) -> str:

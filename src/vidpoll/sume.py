@@ -6,6 +6,9 @@ headers, so the API key cannot leak through it.
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import dataclasses
 import functools
 import html.entities
 import json
@@ -24,6 +27,8 @@ DEFAULT_STATUS_PATH = "/v1/jobs/{job_id}/status"
 DEFAULT_CREATE_PATH = "/v1/videos"
 DEFAULT_RESULT_PATH = "/v1/jobs/{job_id}/result"
 MAX_BODY_BYTES = 1 << 20
+SCRUB_INLINE_BYTES = 64 << 10
+"""A body longer than this is scrubbed in a thread, not on the event loop."""
 
 
 def status_url(base_url: str, job_id: str, path: str = DEFAULT_STATUS_PATH) -> URL:
@@ -60,7 +65,7 @@ class SumeClient:
         """Why the key cannot be sent (then every call answers so without sending); None."""
         self._key_bytes = api_key.encode() if api_key else b""
         if api_key:
-            secret_pattern(api_key)  # compiled once, here, not on the first read's loop turn
+            _key_traces(self._key_bytes)  # compiled once, here, not on the first read's loop turn
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._max_connections = max_connections
         self._status_path = status_path
@@ -133,20 +138,17 @@ class SumeClient:
             # about it would put that URL into logs and last_error
             async with self._session.request(method, url, allow_redirects=False,
                                              **kwargs) as resp:
-                body = await resp.content.read(MAX_BODY_BYTES + 1)
+                # read(n) answers what has arrived, up to n: read until the end or the cap
+                # (one read gave a long body cut at its first chunk)
+                got = bytearray()
+                while len(got) <= MAX_BODY_BYTES and (
+                        chunk := await resp.content.read(MAX_BODY_BYTES + 1 - len(got))):
+                    got += chunk
+                body = bytes(got)
                 if len(body) > MAX_BODY_BYTES:
                     return HttpAnswer(resp.status, b"", transport_error=ErrorClass.MALFORMED,
                                       detail=f"body larger than {MAX_BODY_BYTES} bytes")
-                headers = resp.headers
-                return HttpAnswer(
-                    resp.status,
-                    _scrub_body(body, self._key_bytes, resp.status, keep_links=keep_links),
-                    retry_after=headers.get("Retry-After"),
-                    request_id=headers.get("X-Request-Id"),
-                    ratelimit_remaining=(headers.get("RateLimit-Remaining")
-                                         or headers.get("X-RateLimit-Remaining")),
-                    ratelimit_reset=(headers.get("RateLimit-Reset")
-                                     or headers.get("X-RateLimit-Reset")))
+                status, headers = resp.status, resp.headers
         except TimeoutError:
             return HttpAnswer(None, transport_error=ErrorClass.TIMEOUT,
                               detail=f"no answer within {self._timeout.total:g} s")
@@ -163,6 +165,18 @@ class SumeClient:
             return HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
                               detail=f"not sent: a request header could not be written "
                                      f"({type(exc).__name__}); check the API key's setting")
+        scrub = functools.partial(_scrub_body, body, self._key_bytes, status,
+                                  keep_links=keep_links)
+        # a long body off the loop: linear, still up to ~0.1 s for 1 MiB of adversarial
+        # text, while the loop serves every other job (in a thread the loop waits ~1/8 of it)
+        return HttpAnswer(
+            status, scrub() if len(body) <= SCRUB_INLINE_BYTES else await asyncio.to_thread(scrub),
+            retry_after=headers.get("Retry-After"),
+            request_id=headers.get("X-Request-Id"),
+            ratelimit_remaining=(headers.get("RateLimit-Remaining")
+                                 or headers.get("X-RateLimit-Remaining")),
+            ratelimit_reset=(headers.get("RateLimit-Reset")
+                             or headers.get("X-RateLimit-Reset")))
 
 
 def _scrub_body(body: bytes, api_key: bytes, status: int, *, keep_links: bool = False) -> bytes:
@@ -173,20 +187,51 @@ def _scrub_body(body: bytes, api_key: bytes, status: int, *, keep_links: bool = 
 
     A JSON body is parsed, each string and object key scrubbed as decoded text, and written
     again, so it stays valid JSON (a text substitution could eat an escaped quote) and no
-    escape (`\\/`, `\\u0041`) hides the key. Any other body (HTML, text, JSON cut short or
+    escape (`\\/`, `\\u0041`) hides the key; a member the parse dropped (a duplicated name:
+    the last one wins) goes with the rewrite. Any other body (HTML, text, JSON cut short or
     nested too deep to parse) is scrubbed as text, where the key is found in each form it
-    may take there: as written, JSON-escaped, percent-encoded or as HTML character references
-    (`secret_pattern`). Walks are iterative: no depth raises RecursionError. An answer with
-    nothing to scrub is returned as it came.
+    may take there: as written, JSON-escaped, percent-encoded, as HTML character references,
+    `+` form-decoded to a space (`secret_pattern`) or base64-encoded (Basic auth). A UTF-16
+    or UTF-32 body (a BOM, or text starting with ASCII) is scrubbed as the text it encodes
+    and, when anything went, comes back as UTF-8; the key's own UTF-16/32 bytes go wherever
+    they are. Walks are iterative: no depth raises RecursionError, and every pattern is
+    linear in the body's length. An answer with nothing to scrub is returned as it came.
     """
     if not body:
         return body
-    pattern = secret_pattern(api_key.decode("utf-8", "surrogateescape")) if api_key else None
+    if len(body) > MAX_BODY_BYTES:
+        # never called with more (the read stops there): no caller hands the patterns a
+        # body longer than the one the linear-time tests measure
+        return b""
+    traces = _key_traces(api_key) if api_key else None
+    if traces is not None:
+        for wide, replacement in traces.wide:
+            if wide in body:
+                body = body.replace(wide, replacement)
+    encoding = json.detect_encoding(body)
+    if encoding not in ("utf-8", "utf-8-sig"):
+        # UTF-16/32 (a BOM, or NUL bytes beside the first characters): the text it encodes,
+        # scrubbed as UTF-8; nothing found there, the body as it came
+        narrow = body.decode(encoding, "replace").encode("utf-8", "surrogateescape")
+        shown = _scrub_narrow(narrow, traces, status, keep_links)
+        if shown is not narrow:
+            body = shown
+    # and always as UTF-8 (a body that only looked wide: binary with NUL bytes up front)
+    return _scrub_narrow(body, traces, status, keep_links)
+
+
+def _scrub_narrow(body: bytes, traces: _KeyTraces | None, status: int,
+                  keep_links: bool) -> bytes:
+    """`_scrub_body` of a body read as UTF-8: `body` itself when nothing was scrubbed."""
+    pattern = traces.pattern if traces is not None else None
     # without an escape's first byte (JSON, percent, HTML) the key can only be there as
-    # written, a URL's query, fragment or credentials only behind a plain `?`, `#` or `@`
+    # written (or with a space for a `+`, or base64), a URL's query, fragment or
+    # credentials only behind a plain `?`, `#` or `@`
     escaped = b"\\" in body or b"%" in body or b"&" in body  # (faster than one regex)
-    has_key = pattern is not None and (api_key in body or (
-        escaped and pattern.search(body.decode("utf-8", "surrogateescape")) is not None))
+    has_key = traces is not None and (
+        traces.plain in body or any(b64 in body for b64 in traces.base64) or (
+            escaped and traces.pattern.search(body.decode("utf-8", "surrogateescape"))
+            is not None))
     urls = (not (keep_links and 200 <= status < 300)
             and (escaped or b"?" in body or b"#" in body or b"@" in body)
             and _MAY_HOLD_URL.search(body) is not None)
@@ -198,27 +243,78 @@ def _scrub_body(body: bytes, api_key: bytes, status: int, *, keep_links: bool = 
             # URLs first: a key inside a query string goes with it, and the `<redacted>`
             # put in its place would end the URL early (its `<`), leaving the rest shown
             text = redact_urls(text)
-        return pattern.sub(REDACTED, text) if pattern is not None else text
+        if pattern is None or traces is None:
+            return text
+        text = pattern.sub(REDACTED, text)
+        for b64 in traces.base64_text:
+            if b64 in text:
+                text = text.replace(b64, REDACTED)
+        return text
 
+    text = body.decode("utf-8", "surrogateescape")
     try:
         value = json.loads(body)
     except (ValueError, RecursionError):  # not JSON, or nested deeper than json parses
-        text = body.decode("utf-8", "surrogateescape")
         shown = scrub(text)
         return body if shown == text else shown.encode("utf-8", "surrogateescape")
     value, changed = map_strings(value, scrub, scrub)
-    if not changed:
+    if not changed and scrub(text) == text:
         return body
+    # written again even when no value changed, if the text shows something to scrub: a
+    # duplicated member (`{"error": "<key>", "error": "x"}`) is in the bytes, not the value
     try:
         return json.dumps(value).encode()
     except (ValueError, RecursionError):  # parsed here, yet too deep to write back: text
-        text = body.decode("utf-8", "surrogateescape")
         return scrub(text).encode("utf-8", "surrogateescape")
 
 
 REDACTED = "<redacted>"
-_MAY_HOLD_URL = re.compile(rb"(?i):(?://|\\|&|%(?:25)*2f)|%(?:25)*3a")
+_MAY_HOLD_URL = re.compile(rb"(?i):(?://|\\|&|%(?:25)*+2f)|%(?:25)*+3a")
 """The start of a URL's `://`, as written or escaped (see media.redact_urls)."""
+_WIDE_ENCODINGS = ("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
+_MIN_BASE64_CORE = 8
+"""A base64 core shorter than this (a key of a few bytes) is not searched for: it would
+match ordinary words."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _KeyTraces:
+    """What betrays one key in a body, computed once per key."""
+
+    pattern: re.Pattern[str]
+    plain: bytes
+    """The key's longest run without `+`: a form-decoded echo (`+` read as a space) holds it."""
+    base64: tuple[bytes, ...]
+    base64_text: tuple[str, ...]
+    wide: tuple[tuple[bytes, bytes], ...]
+    """(the key in UTF-16/32, `<redacted>` in the same encoding)."""
+
+
+@functools.lru_cache(maxsize=32)
+def _key_traces(api_key: bytes) -> _KeyTraces:
+    key = api_key.decode("utf-8", "surrogateescape")
+    cores = _base64_cores(api_key)
+    return _KeyTraces(
+        secret_pattern(key), max(api_key.split(b"+"), key=len), cores,
+        tuple(c.decode() for c in cores),
+        tuple((key.encode(enc, "surrogatepass"), REDACTED.encode(enc))
+              for enc in _WIDE_ENCODINGS))
+
+
+def _base64_cores(key: bytes) -> tuple[bytes, ...]:
+    """The base64 characters that depend on `key` alone, for each of the three alignments
+    it may have in an encoded string (`key`, `key:`, `user:key`: HTTP Basic auth), in the
+    standard and the URL-safe alphabet. A body holding one holds the key, base64-encoded."""
+    cores: list[bytes] = []
+    for pad in range(3):
+        encoded = base64.b64encode(b"\0" * pad + key + b"\0\0")
+        # character j carries bits 6j..6j+5; the key's bits are 8*pad..8*(pad+len)-1
+        core = encoded[-(-8 * pad // 6):8 * (pad + len(key)) // 6]
+        if len(core) >= _MIN_BASE64_CORE:
+            for alphabet in (core, core.translate(bytes.maketrans(b"+/", b"-_"))):
+                if alphabet not in cores:
+                    cores.append(alphabet)
+    return tuple(cores)
 
 
 @functools.lru_cache(maxsize=32)
@@ -226,26 +322,50 @@ def secret_pattern(secret: str) -> re.Pattern[str]:
     """A pattern that finds `secret` in text, each of its characters as written or in the
     forms an error body may put it in: JSON escapes (`\\/`, `\\"`, `\\u002F`, with any
     number of backslashes: JSON inside a JSON string), percent-encoding (`%2F`, `%252F`,
-    the UTF-8 bytes of any character) and HTML character references (`&#47;`, `&#x2f;`,
-    `&sol;`); forms may mix within one occurrence."""
+    the UTF-8 bytes of any character), HTML character references (`&#47;`, `&#x2f;`,
+    `&sol;`) and, for a `+`, a space (a form-decoded echo) in each of those forms; forms
+    may mix within one occurrence.
+
+    Linear in the text's length: a backslash run starts a match only at its first
+    backslash (`(?<!\\\\)`), and every run is taken possessively, so a 1 MiB run of
+    backslashes is not tried again from each of its positions."""
     # the lookahead lets the scan skip, at C speed, every place no form of the first
     # character can start (a 1 MiB HTML page: 8 ms instead of 13)
-    first = "[\\\\%&" + re.escape(secret[:1]) + "]"
-    return re.compile(f"(?={first})" + "".join(_char_forms(c) for c in secret))
+    starts = secret[:1] + (" " if secret[:1] == "+" else "")
+    first = "[\\\\%&" + "".join(re.escape(c) for c in starts) + "]"
+    return re.compile(f"(?={first})" + "".join(
+        _char_forms(c, first=i == 0) for i, c in enumerate(secret)))
 
 
-def _char_forms(char: str) -> str:
-    forms = [re.escape(char)]
-    if char in "/\\\"":
-        forms.append(r"\\+" + re.escape(char))
+def _char_forms(char: str, *, first: bool = False) -> str:
+    forms = _forms(char, first)
+    if char == "+":
+        forms += _forms(" ", first)  # application/x-www-form-urlencoded: `+` is a space
+    return "(?:" + "|".join(forms) + ")"
+
+
+def _forms(char: str, first: bool) -> list[str]:
+    # a backslash run is taken whole (`\\++`: what follows it is never a backslash); the
+    # secret's first character starts only at a run's first backslash, else a long run is
+    # retried from each of its backslashes (quadratic)
+    more = r"\\++"
+    run = (r"(?<!\\)" if first else "") + more
+    # (a key starting with a backslash: as written, only at a run's first one too)
+    forms = [(r"(?<!\\)" if first and char == "\\" else "") + re.escape(char)]
+    if char in "/\"":
+        forms.append(run + re.escape(char))
+    elif char == "\\":
+        # escaped backslashes: two or more (possessive would leave none for the last)
+        forms.append((r"(?<!\\)" if first else "") + r"\\\\+")
     units = char.encode("utf-16-be", "surrogatepass")
-    forms.append("".join(rf"\\+u(?i:{int.from_bytes(units[i:i + 2]):04x})"
+    forms.append("".join(rf"{run if i == 0 else more}u(?i:{int.from_bytes(units[i:i + 2]):04x})"
                          for i in range(0, len(units), 2)))
+    # `(?:25)*` is not possessive: the percent sign's own code is 25
     forms.append("".join(rf"%(?:25)*(?i:{b:02x})"
                          for b in char.encode("utf-8", "surrogatepass")))
     forms.append(rf"&#(?:0*{ord(char)}|[xX]0*(?i:{ord(char):x}));?")
     forms += [re.escape("&" + name) for name in _entity_names().get(char, ())]
-    return "(?:" + "|".join(forms) + ")"
+    return forms
 
 
 @functools.cache

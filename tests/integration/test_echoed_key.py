@@ -5,12 +5,16 @@ recorded like any other answer. The worker reads every answer through real HTTP.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from vidpoll.fake_sume import ECHO_FORMS, FakeConfig, FakeSume
 from vidpoll.store import PgStore
@@ -30,6 +34,9 @@ KEY_FORMS = {
     "percent": quote(KEY, safe=""),
     "HTML": "".join({"/": "&#x2F;", "=": "&#x3D;", "+": "&#43;"}.get(c, c) for c in KEY),
     "the key's middle": KEY[4:-4],
+    "a space for +": KEY.replace("+", " "),
+    "base64": base64.b64encode(KEY.encode()).decode()[2:-2],
+    "base64 after user:": base64.b64encode(f"user:{KEY}".encode()).decode()[10:-2],
 }
 SIG = "leakedsig9f8e7d6c"
 
@@ -138,3 +145,91 @@ async def test_bodies_nested_500_and_100000_deep_are_recorded_like_any_answer(
     dump = await dump_tables(db_url)
     texts = {f"{table}[{i}]": r for table, rows in dump.items() for i, r in enumerate(rows)}
     assert leaks(texts) == []
+
+
+SPACED = KEY.replace("+", " ")
+RAW_ECHOES = {
+    # json keeps the last of two members of one name: the key was in the first
+    "duplicated member": ('{"error": {"code": "bad", "message": "invalid key ' + KEY
+                          + '"}, "error": {"code": "invalid_api_key", "message": "no"}}',
+                          "application/json"),
+    "plus as space, JSON": (json.dumps({"error": {"code": "bad", "message": SPACED}}),
+                            "application/json"),
+    "plus as space, text": (f"key={SPACED} refused", "text/plain"),
+    "basic auth": ("Authorization: Basic " + base64.b64encode(f"user:{KEY}".encode()).decode(),
+                   "text/plain"),
+}
+
+
+async def test_a_key_echoed_in_a_duplicate_member_with_spaces_or_base64_is_stored_nowhere(
+        store: PgStore, fake: FakeSume, make_worker, db_url: str):
+    for name, (raw, content_type) in RAW_ECHOES.items():
+        # text: a proxy's 500 (a 4xx that is no envelope pauses the account instead)
+        fake.add_job(name, script=[{"http": 400 if content_type == "application/json" else 500,
+                                    "raw": raw, "content_type": content_type}])
+        await store.add_job(name, delay_s=0)
+    worker = make_worker()
+    await run_until(worker, lambda: all(fake.reads[j] >= 1 for j in RAW_ECHOES))
+    for name in RAW_ECHOES:
+        row = await store.get_job(name) or {}
+        want = "client_error" if RAW_ECHOES[name][1] == "application/json" else "server_error"
+        assert row.get("last_error_class") == want, (name, row)
+    dump = await dump_tables(db_url)
+    texts = {f"{table}[{i}]": r for table, rows in dump.items() for i, r in enumerate(rows)}
+    assert leaks(texts) == []
+
+
+async def serve_bodies(bodies: dict[str, tuple[bytes, str]]) -> tuple[web.AppRunner, str]:
+    """A loopback server answering `/v1/jobs/<id>/status` with 400 and the bytes of `id`."""
+    async def answer(request: web.Request) -> web.Response:
+        body, content_type = bodies[request.match_info["job_id"]]
+        return web.Response(status=400, body=body, content_type=content_type)
+
+    app = web.Application()
+    app.router.add_get("/v1/jobs/{job_id}/status", answer)
+    return await start_server(app, "127.0.0.1", 0)
+
+
+async def test_utf16_error_bodies_come_back_without_the_key_or_signed_links():
+    signed = f"https://cdn.example/v.mp4?sig={SIG}"
+    text = json.dumps({"error": {"code": "bad", "message": f"key {KEY} for {signed}"}})
+    escaped = text.replace("/", "\\/")
+    bodies = {f"{encoding}-{i}": (t.encode(encoding), "application/json")
+              for encoding in ("utf-16", "utf-16-le", "utf-16-be")
+              for i, t in enumerate((text, escaped))}
+    runner, url = await serve_bodies(bodies)
+    try:
+        async with SumeClient(url, KEY, timeout_s=5.0) as client:
+            for job_id in bodies:
+                answer = await client.read_status(job_id)
+                shown = answer.body.decode(json.detect_encoding(answer.body))
+                assert "<redacted>" in shown, (job_id, shown)
+                assert leaks({job_id: shown}) == [], (job_id, shown)
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_1_mib_adversarial_body_is_scrubbed_off_the_event_loop(monkeypatch):
+    # 1 MiB of letters with no `://` after them (a `%3a`): quadratic in the URL pattern
+    # before; now linear, and a body this long is scrubbed in a thread. No timing asserted:
+    # the bound is one only a quadratic scan could reach (it took hours)
+    body = b"a" * ((1 << 20) - 3) + b"%3a"
+    threaded: list[int] = []
+    to_thread = asyncio.to_thread
+
+    async def spy(func: Any, /, *args: Any, **kwargs: Any) -> Any:
+        threaded.append(len(func.args[0]))
+        return await to_thread(func, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", spy)
+    runner, url = await serve_bodies({"big": (body, "text/plain"),
+                                      "small": (b"bad key " + KEY.encode(), "text/plain")})
+    try:
+        async with SumeClient(url, KEY, timeout_s=30.0) as client:
+            answer = await asyncio.wait_for(client.read_status("big"), 30)
+            assert answer.status == 400 and answer.body == body
+            small = await client.read_status("small")
+            assert small.body == b"bad key <redacted>"
+    finally:
+        await runner.cleanup()
+    assert threaded == [len(body)]  # the small body was scrubbed on the loop

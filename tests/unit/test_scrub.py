@@ -5,15 +5,16 @@ whatever its status (a result keeps its signed links), and no depth raises Recur
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import re
-from urllib.parse import quote, unquote
+from urllib.parse import quote, quote_plus, unquote
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vidpoll.media import redact_urls, without_signatures
+from vidpoll.media import redact_urls, shown_url, without_signatures
 from vidpoll.sume import _scrub_body
 
 KEY = "sk_live/Ab+Cd=Ef/0123456789=="
@@ -144,10 +145,12 @@ def _decoded(text: str) -> str:
 
 
 def _decodes_to_key(text: str) -> bool:
-    return KEY in _decoded(text)
+    decoded = _decoded(text)
+    return KEY in decoded or KEY.replace("+", " ") in decoded  # a form-decoded `+`
 
 
-FORMS = st.sampled_from(["raw", "slash", "u", "U", "pct", "pct2", "dec", "hex", "named"])
+FORMS = st.sampled_from(["raw", "slash", "u", "U", "pct", "pct2", "dec", "hex", "named",
+                         "space"])
 
 
 def _encode(char: str, form: str) -> str:
@@ -155,7 +158,8 @@ def _encode(char: str, form: str) -> str:
             "u": f"\\u{ord(char):04x}", "U": f"\\u{ord(char):04X}",
             "pct": f"%{ord(char):02X}", "pct2": f"%25{ord(char):02x}",
             "dec": f"&#{ord(char)};", "hex": f"&#x{ord(char):x};",
-            "named": {"/": "&sol;", "+": "&plus;", "=": "&equals;"}.get(char, char)}[form]
+            "named": {"/": "&sol;", "+": "&plus;", "=": "&equals;"}.get(char, char),
+            "space": " " if char == "+" else char}[form]
 
 
 @settings(max_examples=60, deadline=None)
@@ -185,3 +189,81 @@ def test_any_body_is_scrubbed_without_raising(parts, tail, status, keep_links):
     body = "".join(parts).encode("utf-8", "surrogateescape") + tail
     out = _scrub_body(body, KEY_B, status, keep_links=keep_links)
     assert isinstance(out, bytes) and KEY_B not in out
+
+
+def test_a_key_in_a_duplicated_json_member_is_redacted():
+    # json keeps the last member of a name: the first, with the key, was in no value
+    for echoed in (KEY, KEY.replace("/", "\\/"), u_escaped(KEY)):
+        body = ('{"error": "invalid key ' + echoed + '", "error": "invalid_api_key"}').encode()
+        out = _scrub_body(body, KEY_B, 400)
+        assert not _decodes_to_key(out.decode()), (echoed, out)
+        assert json.loads(out) == {"error": "invalid_api_key"}
+    # a signed link in a duplicated member of a status answer goes too
+    body = ('{"preview_url": "' + SIGNED + '", "preview_url": "x"}').encode()
+    assert b"deadbeef01" not in _scrub_body(body, KEY_B, 200)
+    # nothing to scrub: the body as it came, duplicates and all
+    plain = b'{"error": "a", "error": "b"}'
+    assert _scrub_body(plain, KEY_B, 400) is plain
+
+
+def test_a_key_whose_plus_was_form_decoded_to_a_space_is_redacted():
+    spaced = KEY.replace("+", " ")
+    for status, body in (
+            (400, f"key={spaced} refused"),
+            (400, json.dumps({"error": f"invalid key {spaced}"})),
+            (400, f"GET /v1?key={quote_plus(spaced)}"),  # the space as `+`, the rest %XX
+            (400, f"GET /v1?key={quote(spaced, safe='')}"),  # decoded, then quoted: %20
+            (200, f"<p>{html.escape(spaced)}</p>")):
+        out = _scrub_body(body.encode(), KEY_B, status).decode()
+        assert "<redacted>" in out and not _decodes_to_key(out), (body, out)
+
+
+def _text_of(body: bytes) -> str:
+    return body.decode(json.detect_encoding(body))
+
+
+def test_utf16_and_utf32_bodies_lose_the_key_and_signed_links():
+    escaped = KEY.replace("/", "\\/")
+    texts = [f"error: bad key {KEY}", json.dumps({"error": f"bad key {KEY}"}),
+             json.dumps({"error": f"bad key {escaped} for {SIGNED}"}),
+             f"<p>{quote(KEY, safe='')} {html.escape(SIGNED)}</p>"]
+    for text in texts:
+        for encoding in ("utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le"):
+            body = text.encode(encoding)
+            out = _scrub_body(body, KEY_B, 400)
+            shown = _text_of(out)
+            assert "<redacted>" in shown, (encoding, text, shown)
+            assert not _decodes_to_key(shown) and "deadbeef01" not in shown, (encoding, shown)
+    # the key's UTF-16 bytes inside a UTF-8 body: they go, the rest stays as it was
+    body = b"header: " + KEY.encode("utf-16-le") + b" end"
+    out = _scrub_body(body, KEY_B, 400)
+    assert KEY.encode("utf-16-le") not in out and out.startswith(b"header: ")
+    # a UTF-16 body with nothing to scrub comes back as it came
+    clean = json.dumps({"error": "bad request"}).encode("utf-16")
+    assert _scrub_body(clean, KEY_B, 400) is clean
+
+
+def test_a_key_echoed_base64_encoded_is_redacted():
+    for raw in (KEY_B, KEY_B + b":", b"user:" + KEY_B, b"ab:" + KEY_B + b":pw"):
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            encoded = encode(raw).decode()
+            for body in (f"Authorization: Basic {encoded}",
+                         json.dumps({"auth": f"Basic {encoded}"}).replace("/", "\\/")):
+                out = _scrub_body(body.encode(), KEY_B, 401).decode()
+                assert "<redacted>" in out, (raw, body, out)
+                # at most the few bits a boundary character shares with what surrounds it
+                assert encoded[4:-4] not in out and len(out) < len(body), (raw, out)
+
+
+def test_shown_url_keeps_the_brackets_of_an_ipv6_host():
+    assert shown_url("https://[::1]:35009/v.mp4?sig=1") == "https://[::1]:35009/v.mp4"
+    assert shown_url("http://u:p@[2001:db8::1]/a#f") == "http://[2001:db8::1]/a"
+    assert redact_urls("GET https://[::1]/v?sig=1 failed") == "GET https://[::1]/v failed"
+
+
+def test_a_url_after_digits_or_a_plus_keeps_what_came_before():
+    # a match starts where the run of scheme characters starts; what precedes the letter
+    # that starts the scheme stays as written
+    assert redact_urls("id=12https://cdn/v?sig=1 x") == "id=12https://cdn/v x"
+    assert redact_urls("1+https%3A%2F%2Fcdn%2Fv%3Fsig%3D1") == "1+https://cdn/v"
+    assert redact_urls("x+https://cdn/v?sig=1") == "x+https://cdn/v"
