@@ -315,17 +315,24 @@ def one(url: str, query: str) -> Any:
 @pytest.mark.slow
 async def test_a_migrate_killed_in_its_backfill_is_finished_by_the_next(empty_db, db_url):
     seed_table(empty_db, 50_000)
+    unfinished = ("SELECT count(*) FROM video_jobs WHERE state <> 'pending' "
+                  "AND finished_at IS NULL")
     proc = start_migrate(empty_db, batch_rows=100)
     try:
         await migrate_reaches(empty_db, "0009_operations.sql 5/")
+        # at the backfill's statement is not yet past its first batch (seen once under
+        # load: killed with all 45,000 still to fill): wait for one batch's commit (in
+        # another process: no event to wait on, so it is looked at every 10 ms)
+        async with asyncio.timeout(60):
+            while await asyncio.to_thread(one, empty_db, unfinished) == 45_000:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
     finally:
         proc.kill()
         proc.wait(10)
     await no_migrate_session(empty_db)  # its backend ends with it
     # half way: 0009 not recorded, its backfill begun and not finished
     assert one(empty_db, "SELECT max(version) FROM vidpoll_schema_migrations") == 8
-    missing = one(empty_db, "SELECT count(*) FROM video_jobs WHERE state <> 'pending' "
-                            "AND finished_at IS NULL")
+    missing = one(empty_db, unfinished)
     assert 0 < missing < 45_000
     applied = await migrate(empty_db)
     assert applied == [m.name for m in shipped_migrations()][8:]
