@@ -403,8 +403,10 @@ class FetchGuard:
             raise DownloadRefused(f"{shown} refused: not a valid URL") from None
         hops = self.policy.limits.max_redirects
         for hop in range(hops + 1):
-            where = "" if hop == 0 else f"its redirect {hop} to {shown_url(str(current))}: "
+            where = "" if hop == 0 else f"its redirect {hop}: "
             try:
+                if hop:
+                    where = f"its redirect {hop} to {shown_url(str(current))}: "
                 why = self.refusal(rules, current)
             except ValueError:  # yarl parses lazily: a port out of range, say
                 why = "not a valid URL"

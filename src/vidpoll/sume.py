@@ -258,10 +258,15 @@ def _scrub_narrow(body: bytes, traces: _KeyTraces | None, status: int,
         shown = scrub(text)
         return body if shown == text else shown.encode("utf-8", "surrogateescape")
     value, changed = map_strings(value, scrub, scrub)
-    if not changed and scrub(text) == text:
-        return body
-    # written again even when no value changed, if the text shows something to scrub: a
-    # duplicated member (`{"error": "<key>", "error": "x"}`) is in the bytes, not the value
+    if not changed:
+        if not (has_key or urls):
+            return body
+        if not _duplicate_members(body):
+            # the key in a form the values do not show: scrubbed as text, else as it came
+            shown = scrub(text) if has_key else text
+            return body if shown == text else shown.encode("utf-8", "surrogateescape")
+    # written again: a duplicated member (`{"error": "<key>", "error": "x"}`) is in the
+    # bytes, not in the value the parse kept
     try:
         return json.dumps(value).encode()
     except (ValueError, RecursionError):  # parsed here, yet too deep to write back: text
@@ -344,6 +349,22 @@ def _char_forms(char: str, *, first: bool = False) -> str:
     return "(?:" + "|".join(forms) + ")"
 
 
+def _duplicate_members(body: bytes) -> bool:
+    """Whether a JSON object in `body` names a member twice (the parse keeps the last)."""
+    seen = False
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal seen
+        seen = seen or len({k for k, _ in items}) != len(items)
+        return dict(items)
+
+    try:
+        json.loads(body, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return False
+    return seen
+
+
 def _forms(char: str, first: bool) -> list[str]:
     # a backslash run is taken whole (`\\++`: what follows it is never a backslash); the
     # secret's first character starts only at a run's first backslash, else a long run is
@@ -355,8 +376,10 @@ def _forms(char: str, first: bool) -> list[str]:
     if char in "/\"":
         forms.append(run + re.escape(char))
     elif char == "\\":
-        # escaped backslashes: two or more (possessive would leave none for the last)
-        forms.append((r"(?<!\\)" if first else "") + r"\\\\+")
+        # escaped backslashes: two or more, at most 16 (JSON in JSON in JSON in JSON);
+        # bounded, not possessive (that would leave none for a backslash after it), so a
+        # long run costs a constant per place, never a rescan of the run (quadratic)
+        forms.append((r"(?<!\\)" if first else "") + r"\\{2,16}")
     units = char.encode("utf-16-be", "surrogatepass")
     forms.append("".join(rf"{run if i == 0 else more}u(?i:{int.from_bytes(units[i:i + 2]):04x})"
                          for i in range(0, len(units), 2)))

@@ -294,6 +294,21 @@ def signature(key: bytes, cookie: str) -> tuple[str, str]:
     return hmac.new(key, f"session:{issued}.{sid}".encode(), hashlib.sha256).hexdigest(), signed
 
 
+async def test_the_right_dashboard_token_on_metrics_is_no_wrong_guess_of_the_metrics_token(
+        store):
+    # the review: compared with the metrics token first, a right dashboard token was
+    # charged as a wrong metrics token; the 11th scrape of a minute got 429, then so did
+    # the metrics token itself
+    runner, site = await walled(store, metrics_token=METRICS_TOKEN)
+    try:
+        async with client() as http:
+            seen = [(await get(http, site + "/metrics", TOKEN))[0] for _ in range(15)]
+            seen.append((await get(http, site + "/metrics", METRICS_TOKEN))[0])
+    finally:
+        await runner.cleanup()
+    assert seen == [200] * 16, seen
+
+
 async def test_the_signing_key_is_scrypt_of_the_token_and_a_salt_in_the_database(
         store, db_url, empty_db):
     runner, site = await walled(store)

@@ -155,10 +155,18 @@ async def test_scheme_relative_and_relative_redirects_on_the_api_origin_are_foll
         redirect_route("/scheme-relative", lambda: f"//127.0.0.1:{port[0]}/v.mp4")(app, server)
         redirect_route("/relative", lambda: "v.mp4")(app, server)
 
+        async def no_port(request: web.Request) -> web.Response:
+            return web.Response(status=302, headers={
+                "Location": "https://cdn.example:99999/v.mp4"})  # HTTPFound would refuse it
+        app.router.add_get("/no-port", no_port)
+
     async with serving(routes) as api, downloader(tmp_path, api.url) as d:
         port.append(api.port)
         [a] = await d.download("a", [f"{api.url}/scheme-relative?sig={SECRET}"])
         [b] = await d.download("b", [f"{api.url}/relative?sig={SECRET}"])
+        # a port out of range: refused, naming the hop (was a bare ValueError)
+        with pytest.raises(DownloadRefused, match="its redirect 1: not a valid URL"):
+            await d.download("c", [f"{api.url}/no-port"])
     assert Path(a.path).read_bytes() == Path(b.path).read_bytes() == VIDEO
     assert [path for path, _ in api.requests].count("/v.mp4") == 2
 

@@ -267,3 +267,11 @@ def test_a_url_after_digits_or_a_plus_keeps_what_came_before():
     assert redact_urls("id=12https://cdn/v?sig=1 x") == "id=12https://cdn/v x"
     assert redact_urls("1+https%3A%2F%2Fcdn%2Fv%3Fsig%3D1") == "1+https://cdn/v"
     assert redact_urls("x+https://cdn/v?sig=1") == "x+https://cdn/v"
+
+
+def test_a_json_body_with_nothing_to_scrub_is_returned_as_it_came() -> None:
+    # the review: a `\u002f` escape looked like a URL scheme to the text scrub, and the
+    # body was written again (1.50 became 1.5, é became \u00e9) with nothing removed
+    for body in (b'{"error": "1\\u002f://&#47;=1 /", "x": 1.50}',
+                 '{"error": "caf\u00e9 ferm\u00e9", "n": 1e400}'.encode()):
+        assert _scrub_body(body, b"sk-live-Abc123xyz789", 500) is body

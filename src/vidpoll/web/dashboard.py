@@ -325,11 +325,14 @@ class Guard:
         if not given:
             return False
         client = client_of(request, self.trusted_proxies)
+        taken: list[FailureLimiter] = []
         for token, budget in tokens:
             await budget.take(client)
+            taken.append(budget)
             # no await since the take: parallel guesses get no more comparisons than it allows
             if same(given, token):
-                budget.give_back(client)
+                for paid in taken:  # a right token is no wrong guess of the others either
+                    paid.give_back(client)
                 return True
         return False
 
