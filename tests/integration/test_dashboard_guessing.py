@@ -25,6 +25,8 @@ import vidpoll.web.dashboard
 from vidpoll.store import PgStore, migrate
 from vidpoll.web import make_app, metrics_app, start_server
 
+from .test_process import wait_for
+
 # (names this change adds are looked up where used: before it, each test fails on its own)
 
 TOKEN = "dash-token-3b7e91c2"
@@ -123,10 +125,7 @@ class Gate:
 
 async def until(condition: Any, what: str) -> None:
     """Wait for a state the server exposes (never for a duration)."""
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.005)
+    await wait_for(condition, 30, what)
 
 
 async def test_wrong_tokens_from_ten_addresses_lock_nobody_out(store):
