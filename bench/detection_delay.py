@@ -22,11 +22,11 @@ import time
 from scratch_db import scratch_database
 
 from vidpoll.deliver import Deliverer, DeliveryConfig
-from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.models import Job
 from vidpoll.policy import PollPolicy
+from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.fake import FakeConfig, FakeSume, start_fake
 from vidpoll.store import PgStore, migrate
-from vidpoll.sume import SumeClient
 from vidpoll.web import make_app, start_server
 from vidpoll.worker import Worker, WorkerConfig
 

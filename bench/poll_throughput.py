@@ -23,8 +23,8 @@ import urllib.request
 from scratch_db import scratch_database
 
 from vidpoll.models import ClaimMode
+from vidpoll.providers.sume.client import SumeClient
 from vidpoll.store import PgStore, migrate
-from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig
 
 KEY = "sk-bench"

@@ -23,7 +23,7 @@ import sys
 
 from scratch_db import scratch_database
 
-from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
+from vidpoll.providers.sume.fake import FakeConfig, FakeSume, start_fake
 from vidpoll.store import PgStore, migrate
 
 KEYS = {"default": "sk-bench-default", "acme": "sk-bench-acme"}

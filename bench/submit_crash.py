@@ -24,7 +24,7 @@ import sys
 
 from scratch_db import scratch_database
 
-from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
+from vidpoll.providers.sume.fake import FakeConfig, FakeSume, start_fake
 from vidpoll.store import PgStore, migrate
 
 KEY = "sk-bench"

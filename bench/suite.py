@@ -36,8 +36,8 @@ from scratch_db import scratch_database
 
 from vidpoll.models import ClaimedJob, Outcome
 from vidpoll.policy import PollPolicy
+from vidpoll.providers.sume.client import SumeClient
 from vidpoll.store import PgStore, migrate
-from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig, late_at_read
 
 KEY = "sk-bench"

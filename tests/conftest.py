@@ -27,11 +27,11 @@ from psycopg import sql
 from vidpoll.api import Vidpoll
 from vidpoll.config import Settings
 from vidpoll.embedded import start_embedded
-from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.policy import PollPolicy
+from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.fake import FakeConfig, FakeSume, start_fake
 from vidpoll.store import PgStore, migrate
 from vidpoll.submitter import Submitter, SubmitterConfig
-from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig
 
 API_KEY = "sk-test-7f3a9c1e-secret"

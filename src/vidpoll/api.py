@@ -42,10 +42,10 @@ from vidpoll.models import (
     SubmitOutcome,
 )
 from vidpoll.policy import RETRYABLE_4XX, AuthPause
+from vidpoll.providers.sume.client import DEFAULT_CREATE_PATH, SumeClient
 from vidpoll.runner import SHUTDOWN_TIMEOUT_S
 from vidpoll.store import INTENTS_CHANNEL, JOB_DONE_CHANNEL, POLLS, SUBMITS, PgStore
 from vidpoll.submitter import SubmitterConfig, submit_now
-from vidpoll.sume import DEFAULT_CREATE_PATH, SumeClient
 
 WAIT_FALLBACK_S = 5.0
 """wait() re-reads the row at least this often, so a missed NOTIFY never hangs a caller."""

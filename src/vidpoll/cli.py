@@ -54,15 +54,16 @@ from vidpoll.errors import (
     SchemaError,
     VidpollError,
 )
-from vidpoll.fake_sume import (
+from vidpoll.media import media_urls, without_signatures
+from vidpoll.models import DOWNLOAD, QUEUED, SUCCESS_STATES, ClaimMode, Intent
+from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.fake import (
     STATUS_CASES,
     STATUS_SHAPES,
     FakeConfig,
     FakeSume,
     start_fake,
 )
-from vidpoll.media import media_urls, without_signatures
-from vidpoll.models import DOWNLOAD, QUEUED, SUCCESS_STATES, ClaimMode, Intent
 from vidpoll.runner import SHUTDOWN_TIMEOUT_S, default_worker_id
 from vidpoll.sql import migrations
 from vidpoll.store import (
@@ -76,7 +77,6 @@ from vidpoll.store import (
     migrate,
 )
 from vidpoll.submitter import Submitter, SubmitterConfig
-from vidpoll.sume import SumeClient
 from vidpoll.worker import DEFAULT_VACUUM_EVERY_ROWS, Worker, WorkerConfig
 
 T = TypeVar("T")

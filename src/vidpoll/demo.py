@@ -20,13 +20,13 @@ from vidpoll.deliver import Deliverer, DeliveryConfig
 from vidpoll.download import Downloader
 from vidpoll.embedded import EmbeddedNotInstalled, start_embedded
 from vidpoll.errors import ConfigError
-from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.fetch_guard import FetchPolicy
 from vidpoll.models import ClaimMode
 from vidpoll.policy import Budget, PollPolicy
+from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.fake import FakeConfig, FakeSume, start_fake
 from vidpoll.store import PgStore, drop_database, migrate
 from vidpoll.submitter import Submitter, SubmitterConfig
-from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig
 
 DEMO_DATABASE = "vidpoll_demo"

@@ -33,7 +33,7 @@ from vidpoll.policy import (
     probe_verdict,
     provider_error_code,
 )
-from vidpoll.sume import DEFAULT_STATUS_PATH, SumeClient
+from vidpoll.providers.sume.client import DEFAULT_STATUS_PATH, SumeClient
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 

@@ -46,7 +46,7 @@ import psutil
 import psycopg
 
 from vidpoll.errors import DatabaseUnavailable
-from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
+from vidpoll.providers.sume.fake import FakeConfig, FakeSume, start_fake
 from vidpoll.store import PgStore, migrate
 
 from ..private_pg import PrivateServer

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 import psycopg
 import pytest
 
-from vidpoll.fake_sume import FakeSume
 from vidpoll.policy import Budget
+from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.fake import FakeSume
 from vidpoll.store import PgStore
-from vidpoll.sume import SumeClient
 
 from ..conftest import API_KEY, db_now
 from .test_process import cli_env, spawn_worker

@@ -14,10 +14,10 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.models import ClaimedJob, ClaimMode, Outcome
 from vidpoll.policy import PollPolicy
-from vidpoll.sume import SumeClient
+from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.fake import FakeConfig, FakeSume, start_fake
 from vidpoll.worker import WRITE_MARGIN_S, Worker, WorkerConfig
 
 from ..conftest import API_KEY, FAST_POLICY, run_until

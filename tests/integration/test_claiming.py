@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 from vidpoll.models import ClaimMode, Outcome
+from vidpoll.providers.sume.client import SumeClient
 from vidpoll.store import PgStore
-from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig
 
 from ..conftest import API_KEY, FAST_POLICY

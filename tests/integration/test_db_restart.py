@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from vidpoll.fake_sume import FakeSume
 from vidpoll.models import ClaimMode
+from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.fake import FakeSume
 from vidpoll.store import PgStore, migrate
-from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig
 
 from ..conftest import API_KEY, FAST_POLICY

@@ -22,8 +22,8 @@ from vidpoll.download import Downloader
 from vidpoll.errors import DiskError, DownloadError
 from vidpoll.fetch_guard import FetchPolicy
 from vidpoll.models import Job
+from vidpoll.providers.sume.client import SumeClient
 from vidpoll.store import PgStore
-from vidpoll.sume import SumeClient
 
 from ..conftest import API_KEY, FAST_POLICY, run_until
 

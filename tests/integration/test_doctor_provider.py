@@ -12,7 +12,7 @@ import pytest
 
 from vidpoll import doctor
 from vidpoll.doctor import FAIL, OK, WARN
-from vidpoll.sume import SumeClient
+from vidpoll.providers.sume.client import SumeClient
 
 from ..conftest import API_KEY, free_port
 from .test_process import cli_env

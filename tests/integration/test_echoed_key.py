@@ -16,9 +16,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from vidpoll.fake_sume import ECHO_FORMS, FakeConfig, FakeSume
+from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.fake import ECHO_FORMS, FakeConfig, FakeSume
 from vidpoll.store import PgStore
-from vidpoll.sume import SumeClient
 from vidpoll.web import make_app, start_server
 
 from ..conftest import run_until

@@ -13,10 +13,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from vidpoll.fake_sume import FakeSume
+from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.fake import FakeSume
 from vidpoll.store import POLLS, SUBMITS, PgStore, Serves, names_serve
 from vidpoll.submitter import Submitter, SubmitterConfig
-from vidpoll.sume import SumeClient
 
 from ..conftest import FAST_POLICY
 from .test_process import cli_env, seed_jobs, wait_for

@@ -34,7 +34,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from vidpoll.errors import InvalidIntent, InvalidJobId
-from vidpoll.fake_sume import FakeConfig, FakeSume, start_fake
 from vidpoll.models import ClaimedJob, HttpAnswer, Outcome, ResultOutcome
 from vidpoll.policy import (
     MAX_RESULT_ATTEMPTS,
@@ -43,8 +42,9 @@ from vidpoll.policy import (
     parse_retry_after,
     server_pause_s,
 )
+from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.fake import FakeConfig, FakeSume, start_fake
 from vidpoll.store import PgStore
-from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig
 
 from ..conftest import API_KEY

@@ -15,9 +15,9 @@ import psycopg
 import pytest
 
 from vidpoll.models import ClaimMode
+from vidpoll.providers.sume.client import SumeClient
 from vidpoll.store import PgStore
 from vidpoll.submitter import Submitter, SubmitterConfig
-from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig
 
 from ..conftest import API_KEY, FAST_POLICY

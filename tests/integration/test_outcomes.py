@@ -11,9 +11,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from vidpoll.fake_sume import FakeSume
 from vidpoll.models import ClaimMode
 from vidpoll.policy import PollPolicy
+from vidpoll.providers.sume.fake import FakeSume
 from vidpoll.store import PgStore
 from vidpoll.worker import Worker
 
@@ -225,7 +225,7 @@ async def test_auth_failure_pauses_everything_and_touches_no_row(
 
 
 async def test_wrong_key_is_never_logged(store, fake, fake_url, db_url, caplog):
-    from vidpoll.sume import SumeClient
+    from vidpoll.providers.sume.client import SumeClient
     from vidpoll.worker import Worker, WorkerConfig
 
     from ..conftest import FAST_POLICY

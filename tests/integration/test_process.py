@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from vidpoll.fake_sume import FakeSume
 from vidpoll.models import ClaimMode
+from vidpoll.providers.sume.fake import FakeSume
 from vidpoll.store import PgStore
 
 from ..conftest import API_KEY, hold_reads, run_until

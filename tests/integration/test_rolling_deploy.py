@@ -20,11 +20,11 @@ import pytest
 
 from vidpoll.doctor import FAIL, WARN, diagnose
 from vidpoll.errors import SchemaError
-from vidpoll.fake_sume import FakeSume
+from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.fake import FakeSume
 from vidpoll.schema import level_of_each, migrate, parse_migration, shipped_migrations
 from vidpoll.sql import migrations
 from vidpoll.store import PgStore
-from vidpoll.sume import SumeClient
 from vidpoll.web import make_app, start_server
 from vidpoll.worker import Worker, WorkerConfig
 

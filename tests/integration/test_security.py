@@ -28,9 +28,9 @@ from vidpoll.download import Downloader
 from vidpoll.errors import DatabaseUnavailable
 from vidpoll.fetch_guard import FetchPolicy
 from vidpoll.models import ErrorClass
+from vidpoll.providers.sume.client import SumeClient
 from vidpoll.store import PgStore, migrate
 from vidpoll.submitter import Submitter, SubmitterConfig
-from vidpoll.sume import SumeClient
 from vidpoll.web import make_app, start_server
 from vidpoll.webhook import sign
 from vidpoll.worker import Worker, WorkerConfig

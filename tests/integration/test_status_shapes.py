@@ -13,9 +13,9 @@ import pytest
 
 from vidpoll.deliver import Deliverer, DeliveryConfig
 from vidpoll.download import Downloader
-from vidpoll.fake_sume import STATUS_SHAPES, FakeSume
 from vidpoll.fetch_guard import FetchPolicy
 from vidpoll.models import SUCCESS_STATES, Job
+from vidpoll.providers.sume.fake import STATUS_SHAPES, FakeSume
 from vidpoll.store import PgStore
 
 from ..conftest import FAST_POLICY, run_until

@@ -11,13 +11,13 @@ import psycopg
 import pytest
 
 from vidpoll.errors import ConfigError, InvalidIntent, KeyConflict
-from vidpoll.fake_sume import FakeSume
 from vidpoll.models import QUEUED, REJECTED, SUBMITTED, SubmitOutcome
 from vidpoll.policy import AuthPause, PollPolicy
+from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.fake import FakeSume
 from vidpoll.sql import QUERIES
 from vidpoll.store import PgStore
 from vidpoll.submitter import Submitter, SubmitterConfig, submit_now
-from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker
 
 from ..conftest import API_KEY, FAST_POLICY, db_now, run_until

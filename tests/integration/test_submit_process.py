@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vidpoll.fake_sume import FakeSume
+from vidpoll.providers.sume.fake import FakeSume
 from vidpoll.store import PgStore
 
 from ..conftest import API_KEY

@@ -17,9 +17,9 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from vidpoll.fake_sume import FakeSume
 from vidpoll.models import UNKNOWN, ErrorClass, HttpAnswer
 from vidpoll.policy import PollPolicy, decide_submit
+from vidpoll.providers.sume.fake import FakeSume
 from vidpoll.store import PgStore
 from vidpoll.submitter import Submitter
 

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from vidpoll.fake_sume import FakeSume
+from vidpoll.providers.sume.fake import FakeSume
 from vidpoll.store import PgStore
 
 from ..conftest import run_until

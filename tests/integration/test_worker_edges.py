@@ -11,8 +11,8 @@ import pytest
 from vidpoll.errors import ConfigError
 from vidpoll.models import ClaimMode, HttpAnswer
 from vidpoll.policy import PollPolicy
+from vidpoll.providers.sume.client import SumeClient
 from vidpoll.store import PgStore
-from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig
 
 from ..conftest import API_KEY, FAST_POLICY, hold_reads, observe_sleeps, run_until

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from vidpoll import metrics
-from vidpoll.fake_sume import FakeSume
 from vidpoll.models import QUEUED, REJECTED, SUBMITTED, ClaimMode
 from vidpoll.policy import NOT_API_STREAK, MisroutedCreate, PollPolicy
+from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.fake import FakeSume
 from vidpoll.store import PgStore
 from vidpoll.submitter import Submitter, SubmitterConfig, submit_now
-from vidpoll.sume import SumeClient
 from vidpoll.worker import Worker, WorkerConfig
 
 from ..conftest import API_KEY, run_until

@@ -23,8 +23,8 @@ import vidpoll.sql
 from vidpoll.config import DEFAULT_HTTP_TIMEOUT_S, DEFAULT_SUME_BASE_URL, ROOT_HOME, Settings
 from vidpoll.errors import ConfigError
 from vidpoll.policy import PollPolicy, next_poll_delay, parse_retry_after
+from vidpoll.providers.sume.client import job_path_segment, status_url
 from vidpoll.sql import QUERIES, migrations
-from vidpoll.sume import job_path_segment, status_url
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 POLICY = PollPolicy()
@@ -388,7 +388,7 @@ def test_query_loader_splits_on_name_markers(tmp_path: Path,
 
 
 def test_an_echoed_key_and_signed_urls_are_scrubbed_and_the_json_stays_valid() -> None:
-    from vidpoll.sume import _scrub_body
+    from vidpoll.providers.sume.client import _scrub_body
 
     key = b"sk-live-0123456789"
     message = 'image_url "https://b/x.png?X-Amz-Signature=a" unreachable; key sk-live-0123456789'

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vidpoll.media import redact_urls, shown_url, without_signatures
-from vidpoll.sume import _scrub_body
+from vidpoll.providers.sume.client import _scrub_body
 
 KEY = "sk_live/Ab+Cd=Ef/0123456789=="
 KEY_B = KEY.encode()

@@ -13,7 +13,7 @@ import sys
 CHILD = r'''
 import json
 from vidpoll.media import redact_urls, without_signatures
-from vidpoll.sume import MAX_BODY_BYTES, _scrub_body
+from vidpoll.providers.sume.client import MAX_BODY_BYTES, _scrub_body
 KEY = b"sk_live/Ab+Cd=Ef/0123456789=="
 n = MAX_BODY_BYTES - 64
 signed = b"%2f%2fcdn.example%2fv.mp4%3fsig%3ddeadbeef01"

@@ -15,7 +15,7 @@ import pytest
 from vidpoll import policy
 from vidpoll.models import GAVE_UP, NOT_FOUND, PENDING, ClaimedJob, ErrorClass, HttpAnswer, Outcome
 from vidpoll.policy import AuthPause, PollPolicy, decide
-from vidpoll.sume import SumeClient
+from vidpoll.providers.sume.client import SumeClient
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 POLICY = PollPolicy()

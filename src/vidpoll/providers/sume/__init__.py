@@ -1,0 +1,1 @@
+"""Sume: the provider of the seed document (client, answers' meaning, webhooks, fake)."""
