@@ -49,6 +49,18 @@ bench: $(BENCH_STAMP)
 bench-quick: $(BENCH_STAMP)
 	$(BIN)/python bench/suite.py --quick --out bench/results-quick.jsonl
 
+# CPU seconds `vidpoll` takes to start (--help, submit --help, jobs list --help, a real submit),
+# median and max of 10 runs each, and the heavy modules each loads (bench/startup.py;
+# BENCHMARKS.md, "Start-up CPU"). BENCH_BASE=COMMIT measures that commit's source beside this
+# checkout's in the same run. DATABASE_URL set: that server; unset: the embedded one.
+BENCH_BASE ?=
+.PHONY: bench-startup
+bench-startup: $(STAMP)
+	@if [ -z "$(BENCH_BASE)" ]; then $(BIN)/python bench/startup.py; else \
+	  base=$$(mktemp -d) && git archive "$(BENCH_BASE)" | tar -x -C "$$base" && \
+	  $(BIN)/python bench/startup.py --src "$$base/src" --src src; \
+	  status=$$?; rm -rf "$$base"; exit $$status; fi
+
 # Five minutes of faults (kills, pauses past the lease, PostgreSQL crashes, network cuts, every
 # fault of the fake Sume), then the invariants; exits 1 on any violation. A private embedded
 # PostgreSQL, never DATABASE_URL's server. SEED=N replays a run. make test runs 40 s of it.

@@ -26,9 +26,16 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from vidpoll.accounts import (
+    base_url_setting,
+    client_for,
+    key_variable_of,
+    provider_of,
+    title_of,
+)
 from vidpoll.aio import cancel_and_wait
-from vidpoll.config import Settings, key_variable
-from vidpoll.deliver import Deliverer, DeliveryConfig, Hook, hook_name
+from vidpoll.config import Settings
+from vidpoll.deliver import Deliverer, DeliveryConfig, DeliveryStore, Hook, hook_name
 from vidpoll.download import Downloader
 from vidpoll.embedded import resolve_database_url
 from vidpoll.errors import ConfigError, IntentRejected
@@ -42,10 +49,10 @@ from vidpoll.models import (
     SubmitOutcome,
 )
 from vidpoll.policy import RETRYABLE_4XX, AuthPause
-from vidpoll.providers.sume.client import DEFAULT_CREATE_PATH, SumeClient
 from vidpoll.runner import SHUTDOWN_TIMEOUT_S
 from vidpoll.store import INTENTS_CHANNEL, JOB_DONE_CHANNEL, POLLS, SUBMITS, PgStore
-from vidpoll.submitter import SubmitterConfig, submit_now
+from vidpoll.submitter import IntentStore, SubmitterConfig, submit_now
+from vidpoll.worker import Store
 
 WAIT_FALLBACK_S = 5.0
 """wait() re-reads the row at least this often, so a missed NOTIFY never hangs a caller."""
@@ -203,13 +210,23 @@ class Vidpoll:
 
     async def record(self, payload: dict[str, Any], *, key: str | None = None,
                      priority: int = 0, account: str = DEFAULT_ACCOUNT,
-                     explain: bool = True) -> Submission:
-        """Record an intent without sending it (a running worker sends it).
+                     explain: bool = True, model: str | None = None) -> Submission:
+        """Record an intent without sending it (a running worker sends it), for `account`'s
+        provider; `model`: the model its create runs, required by a provider whose creates
+        name one, refused by one whose do not (ConfigError).
 
         `explain=False` skips the queries behind `reason`, for a caller about to send it.
         """
         key = key or str(uuid.uuid4())
-        intent, new = await self.store.add_intent(key, payload, priority, account)
+        provider = provider_of(self.settings, account)
+        if model is not None and not provider.rules.takes_model:
+            raise ConfigError(f"{provider.title} creates name no model (account {account!r}): "
+                              "leave out the model; the request body says everything")
+        if model is None and provider.rules.takes_model:
+            raise ConfigError(f"{provider.title} creates run a model: name one for account "
+                              f"{account!r} (`submit --model`)")
+        intent, new = await self.store.add_intent(key, payload, priority, account,
+                                                  provider=provider.name, model=model)
         if intent.state == REJECTED:
             raise IntentRejected(key, intent.error_code, intent.error_message)
         sub = Submission(intent, new)
@@ -230,7 +247,6 @@ class Vidpoll:
         if intent is None:
             raise LookupError(f"no intent with key {key!r}")
         account = intent.account
-        api_key = self.settings.require_api_key(account)
         cap = self.settings.max_active
         config = SubmitterConfig(concurrency=1, max_active=cap,
                                  lease_s=self.settings.http_timeout_s + 10.0,
@@ -239,8 +255,7 @@ class Vidpoll:
                                  policy=self.settings.policy, listen=False,
                                  accounts=(account,),
                                  budgets=self.settings.budgets("create", [account]))
-        async with SumeClient(self.settings.sume_base_url, api_key,
-                              timeout_s=self.settings.http_timeout_s) as client:
+        async with client_for(self.settings, account) as client:
             result = await submit_now(self.store, client, config, key, account)
         intent = await self.store.get_intent(key)
         if intent is None:
@@ -265,13 +280,15 @@ class Vidpoll:
                 f"(`vidpoll intents retry {key}` makes it due at once)")
         if refused == "key":
             detail = result.detail if isinstance(result, AuthPause) else "refused"
-            return (f"Sume refused the API key of account {account!r} ({detail}); check "
-                    f"{key_variable(account)}; {kept}")
+            return (f"{title_of(self.settings, account)} refused the API key of account "
+                    f"{account!r} ({detail}); "
+                    f"check {key_variable_of(self.settings, account)}; {kept}")
         status = result.http_status if result is not None else None
-        url = self.settings.sume_base_url.rstrip("/") + DEFAULT_CREATE_PATH
-        return (f"POST {url} was answered HTTP {status} without Sume's error envelope: "
-                f"SUME_BASE_URL looks wrong (a wrong path or host, or a proxy in between); "
-                f"{kept}")
+        url = client_for(self.settings, account).shown_create_url()
+        title, setting = title_of(self.settings, account), base_url_setting(self.settings,
+                                                                             account)
+        return (f"POST {url} was answered HTTP {status} without {title}'s error envelope: "
+                f"{setting} looks wrong (a wrong path or host, or a proxy in between); {kept}")
 
     async def queued_reason(self, key: str) -> str:
         """A sentence on why an intent is still queued."""
@@ -281,8 +298,8 @@ class Vidpoll:
                           cap: int | None) -> str:
         later = "a running `vidpoll worker` sends it with the same key"
         if isinstance(result, SubmitOutcome):
-            return (f"Sume did not confirm it: {for_people(result.error or 'no answer')}; "
-                    f"{later} in about "
+            return (f"the provider did not confirm it: "
+                    f"{for_people(result.error or 'no answer')}; {later} in about "
                     f"{result.delay_s:.0f}s, so at most one clip is billed")
         intent = await self.store.get_intent(key)
         account = intent.account if intent is not None else DEFAULT_ACCOUNT
@@ -452,3 +469,11 @@ class _WorkerWatch:
             self.absent = not served
         finally:
             self.vp.worker_checks += 1
+
+
+def _a_store_serves_every_runner(store: PgStore) -> tuple[Store, IntentStore, DeliveryStore]:
+    """Never called: mypy checks here that PgStore is what each runner asks for (one protocol
+    a runner, vidpoll.worker.Store, vidpoll.submitter.IntentStore,
+    vidpoll.deliver.DeliveryStore, built from the shared ones in vidpoll.runner and
+    vidpoll.results)."""
+    return store, store, store

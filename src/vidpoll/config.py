@@ -1,15 +1,26 @@
-"""Settings from the environment (and CLI flags), checked once with clear errors."""
+"""Settings from the environment, the accounts file and CLI flags, checked once with clear
+errors.
+
+Accounts come from the TOML file `VIDPOLL_CONFIG` names (default `vidpoll.toml` in the
+working directory, if there is one) and, as before any file existed, from the default
+provider's environment variables (`SUME_API_KEY`, `SUME_API_KEY_<NAME>`, `SUME_BASE_URL`,
+`SUME_WEBHOOK_SECRET` for Sume: the names are built from the provider's `env_prefix`). Keys
+are only ever read from the environment; the file names the variables that hold them.
+"""
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
+import math
 import os
 import re
+import tomllib
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import platformdirs
@@ -17,12 +28,20 @@ import platformdirs
 from vidpoll.errors import ConfigError, InvalidIntent
 from vidpoll.models import DEFAULT_ACCOUNT
 from vidpoll.policy import Budget, PollPolicy, validate_account
+from vidpoll.providers import registry
+from vidpoll.providers.base import Provider
 
 T = TypeVar("T")
 ProxyNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 TRUSTED_PROXIES_VARIABLE = "VIDPOLL_TRUSTED_PROXIES"
 
 DEFAULT_SUME_BASE_URL = "https://api.sume.com"
+"""Sume's public API (kept for callers; settings take the provider's `default_base_url`)."""
+CONFIG_VARIABLE = "VIDPOLL_CONFIG"
+"""The accounts file; unset: `DEFAULT_CONFIG_FILE` in the working directory, if it exists."""
+DEFAULT_CONFIG_FILE = "vidpoll.toml"
+STATUS_RATE_VARIABLE = "VIDPOLL_STATUS_RATE_PER_MIN"
+SUBMIT_RATE_VARIABLE = "VIDPOLL_SUBMIT_RATE_PER_MIN"
 DEFAULT_HTTP_TIMEOUT_S = 15.0
 DEFAULT_LEASE_MARGIN_S = 10.0
 DEFAULT_MAX_ACTIVE = 50
@@ -128,15 +147,19 @@ def check_text(env: Mapping[str, str], name: str) -> str:
     return value
 
 
-def check_base_url(base: str, allow_insecure_http: bool = False) -> str:
-    """`base` if it is a usable Sume base URL, else a ConfigError saying why (showing at most
-    its scheme, host, port and path: never a query string or credentials).
+def check_base_url(base: str, allow_insecure_http: bool = False, *,
+                   name: str = "SUME_BASE_URL", key_name: str = "SUME_API_KEY",
+                   example: str = DEFAULT_SUME_BASE_URL) -> str:
+    """`base` if it is a usable API base URL, else a ConfigError saying why (showing at most
+    its scheme, host, port and path: never a query string or credentials). `name` is where
+    the URL was set (a variable, a field of the accounts file), `key_name` where the key goes,
+    `example` a URL to show.
 
     Plain http:// sends the API key (and reads answers) in clear text, so it is refused for
     any host but loopback (the fake Sume, the demo and tests) unless explicitly allowed."""
-    like = "like https:// then the host and path, e.g. https://api.sume.com"
+    like = f"like https:// then the host and path, e.g. {example}"
     if not base.startswith(("http://", "https://")):
-        raise ConfigError(f"SUME_BASE_URL must start with http:// or https:// ({like})")
+        raise ConfigError(f"{name} must start with http:// or https:// ({like})")
     try:
         parts = urlsplit(base)
         host = parts.hostname or ""
@@ -144,23 +167,23 @@ def check_base_url(base: str, allow_insecure_http: bool = False) -> str:
     except ValueError as exc:
         why = ("its [IPv6] host is not closed with ]" if "IPv6" in str(exc) else
                "its port is not a number from 0 to 65535")
-        raise ConfigError(f"SUME_BASE_URL is not a valid URL: {why} (not shown)") from None
+        raise ConfigError(f"{name} is not a valid URL: {why} (not shown)") from None
     if not host:
-        raise ConfigError(f"SUME_BASE_URL has no host ({like})")
+        raise ConfigError(f"{name} has no host ({like})")
     if base.startswith("http://") and not loopback_hostname(host) and not allow_insecure_http:
         raise ConfigError(
-            f"SUME_BASE_URL {_shape(base)} is plain http:// to {host!r}, which is not "
+            f"{name} {_shape(base)} is plain http:// to {host!r}, which is not "
             f"loopback: the API key would cross the network in clear text. Use https://, or "
             f"set {ALLOW_INSECURE_HTTP_VARIABLE}=1 if a trusted network really needs it")
     # the client sends the key as a Bearer header; credentials in the URL would clash with it
     # (aiohttp refuses both at once), and a query or fragment would be dropped or misplaced
     if "@" in parts.netloc:  # not echoed: it may hold a password
-        raise ConfigError("SUME_BASE_URL must not carry credentials (user:password@); the "
-                          "API key goes in SUME_API_KEY")
+        raise ConfigError(f"{name} must not carry credentials (user:password@); the "
+                          f"API key goes in {key_name}")
     if "\\" in base or parts.query or parts.fragment:
         what = ("a backslash" if "\\" in base else "a query string (?...)" if parts.query
                 else "a fragment (#...)")
-        raise ConfigError(f"SUME_BASE_URL must be a scheme, a host, an optional port and an "
+        raise ConfigError(f"{name} must be a scheme, a host, an optional port and an "
                           f"optional path, without {what} (not shown); {like}")
     return base
 
@@ -205,26 +228,63 @@ def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float 
     return value
 
 
+AccountSource = Literal["file", "environment"]
+
+
+@dataclass(frozen=True)
+class Account:
+    """One account: its provider, where the provider's API is, its key (read from the
+    environment variable `api_key_env`; empty when that is unset) and its budgets."""
+
+    name: str
+    provider: str
+    base_url: str
+    api_key: str = field(default="", repr=False)
+    """Empty when `api_key_env` is unset: still an account (a worker skips it, a submit for
+    it names the variable to export)."""
+    api_key_env: str = ""
+    status_rate_per_min: float | None = None
+    """Fleet-wide status reads a minute; None: unlimited."""
+    submit_rate_per_min: float | None = None
+    """Fleet-wide creates a minute; None: unlimited."""
+    webhook_secret: str = field(default="", repr=False)
+    webhook_secret_env: str = ""
+    """The variable `webhook_secret` came from; empty when none was named."""
+    source: AccountSource = "environment"
+    """Where the account is defined: the accounts file, or the provider's variables."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything vidpoll reads from its environment."""
 
     database_url: str | None = None
     sume_base_url: str = DEFAULT_SUME_BASE_URL
+    """The default provider's base URL: account `default`'s if it is that provider's, else
+    `<PREFIX>_BASE_URL` or the provider's public URL (one for every account: prefer
+    `accounts[name].base_url`)."""
     sume_api_key: str = field(default="", repr=False)
+    """Account `default`'s key if it is the default provider's, else `<PREFIX>_API_KEY`."""
     http_timeout_s: float = DEFAULT_HTTP_TIMEOUT_S
     home: Path = field(default_factory=default_home)
     policy: PollPolicy = field(default_factory=PollPolicy)
     max_active: int | None = DEFAULT_MAX_ACTIVE
     first_poll_s: float = DEFAULT_FIRST_POLL_S
+    accounts: Mapping[str, Account] = field(default_factory=dict)
+    """Every account by name: the accounts file's, and the environment's for names the file
+    does not define (see `load_accounts`)."""
+    config_file: Path | None = None
+    """The accounts file read (VIDPOLL_CONFIG, or ./vidpoll.toml); None: there was none."""
     account_keys: Mapping[str, str] = field(default_factory=dict, repr=False)
-    """API keys by account name: `default` from SUME_API_KEY, others from SUME_API_KEY_<NAME>."""
+    """API keys of the accounts that have one, by name (derived from `accounts`)."""
     status_rates: Mapping[str, float] = field(default_factory=dict)
     """Status reads per minute by account (fleet-wide); an account not here is unlimited."""
     submit_rates: Mapping[str, float] = field(default_factory=dict)
     """Creates per minute by account (fleet-wide); an account not here is unlimited."""
     rate_burst: float | None = None
     webhook_secret: str = field(default="", repr=False)
+    """Account `default`'s webhook secret if it is the default provider's, else
+    `<PREFIX>_WEBHOOK_SECRET` (prefer `accounts[name].webhook_secret`)."""
     webhook_tolerance_s: float = 300.0
     dashboard_token: str = field(default="", repr=False)
     """VIDPOLL_DASHBOARD_TOKEN: required by `vidpoll serve` bound beyond loopback."""
@@ -273,11 +333,14 @@ class Settings:
                 or webhook_replay_s(self.webhook_tolerance_s) + WEBHOOK_RETENTION_MARGIN_S)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Read DATABASE_URL, SUME_*, VIDPOLL_* (see README for the list)."""
+    def from_env(cls, env: Mapping[str, str] | None = None, *,
+                 cwd: Path | None = None) -> Settings:
+        """Read DATABASE_URL, SUME_*, VIDPOLL_* (see README for the list) and the accounts
+        file (VIDPOLL_CONFIG, else `vidpoll.toml` in `cwd`, the working directory)."""
         env = os.environ if env is None else env
-        base = check_base_url(check_text(env, "SUME_BASE_URL") or DEFAULT_SUME_BASE_URL,
-                              _on_off(env, ALLOW_INSECURE_HTTP_VARIABLE, False))
+        insecure = _on_off(env, ALLOW_INSECURE_HTTP_VARIABLE, False)
+        provider = registry.load(registry.DEFAULT_PROVIDER)
+        base = environment_base_url(env, provider, insecure)
         home = env.get("VIDPOLL_HOME", "").strip()
         policy = PollPolicy(
             min_poll_s=_float(env, "VIDPOLL_MIN_POLL_S", 1.0, minimum=0.01),
@@ -289,23 +352,34 @@ class Settings:
         )
         if policy.min_poll_s > policy.max_poll_s:
             raise ConfigError("VIDPOLL_MIN_POLL_S must not exceed VIDPOLL_MAX_POLL_S")
-        keys = _account_keys(env)
+        config_file = config_path(env, cwd)
+        accounts = load_accounts(env, config_file)
+        # the single-value settings of earlier releases: account `default`'s when it is the
+        # default provider's, else that provider's own variables
+        default = accounts.get(DEFAULT_ACCOUNT)
+        if default is None or default.provider != provider.name:
+            default = Account(DEFAULT_ACCOUNT, provider.name, base,
+                              check_text(env, f"{provider.env_prefix}_API_KEY"),
+                              webhook_secret=check_text(
+                                  env, f"{provider.env_prefix}_WEBHOOK_SECRET"))
         tolerance = _float(env, "VIDPOLL_WEBHOOK_TOLERANCE_S", 300.0, minimum=1.0)
         return cls(
             database_url=env.get("DATABASE_URL", "").strip() or None,
-            sume_base_url=base,
-            sume_api_key=check_text(env, "SUME_API_KEY"),
+            sume_base_url=default.base_url,
+            sume_api_key=default.api_key,
             http_timeout_s=_float(env, "VIDPOLL_HTTP_TIMEOUT", DEFAULT_HTTP_TIMEOUT_S,
                                   minimum=0.1),
             home=Path(home) if home else default_home(),
             policy=policy,
             max_active=_max_active(env),
             first_poll_s=_float(env, "VIDPOLL_FIRST_POLL_S", DEFAULT_FIRST_POLL_S),
-            account_keys=keys,
-            status_rates=_rates(env, "VIDPOLL_STATUS_RATE_PER_MIN", keys),
-            submit_rates=_rates(env, "VIDPOLL_SUBMIT_RATE_PER_MIN", keys),
+            accounts=accounts,
+            config_file=config_file,
+            account_keys={a.name: a.api_key for a in accounts.values() if a.api_key},
+            status_rates=_rates(env, STATUS_RATE_VARIABLE, accounts, "status"),
+            submit_rates=_rates(env, SUBMIT_RATE_VARIABLE, accounts, "submit"),
             rate_burst=_float(env, "VIDPOLL_RATE_BURST", 0.0, minimum=1.0) or None,
-            webhook_secret=check_text(env, "SUME_WEBHOOK_SECRET"),
+            webhook_secret=default.webhook_secret,
             webhook_tolerance_s=tolerance,
             dashboard_token=check_text(env, "VIDPOLL_DASHBOARD_TOKEN"),
             metrics_token=check_text(env, "VIDPOLL_METRICS_TOKEN"),
@@ -327,14 +401,33 @@ class Settings:
                                             DEFAULT_DOWNLOAD_MIN_BYTES_PER_S),
         )
 
+    def account(self, name: str) -> Account:
+        """The account called `name`, with its key; a ConfigError naming the known accounts
+        when there is none, or the variable to export when its key is unset."""
+        found = self.accounts.get(name)
+        if found is None:
+            known = ", ".join(sorted(self.accounts)) or "none"
+            problem = f"unknown account {name[:64]!r} (known: {known})"
+            if validate_account_name(name):
+                where = self.config_file or DEFAULT_CONFIG_FILE
+                problem += (f": {key_variable(name)} is not set; export it, or define "
+                            f"[accounts.{name}] in {where}")
+            raise ConfigError(problem)
+        if not found.api_key:  # the wording of earlier releases
+            title = registry.load(found.provider).title
+            raise ConfigError(f"{found.api_key_env} is not set; export the {title} API key "
+                              f"of account {name!r} first")
+        return found
+
     def require_api_key(self, account: str = DEFAULT_ACCOUNT) -> str:
         """The API key of `account`, or a ConfigError saying how to set it."""
-        key = self.account_keys.get(account) or (
-            self.sume_api_key if account == DEFAULT_ACCOUNT else "")
-        if not key:
-            raise ConfigError(f"{key_variable(account)} is not set; export the Sume API key "
-                              f"of account {account!r} first")
-        return key
+        return self.account(account).api_key
+
+    def secrets(self) -> list[str]:
+        """Every account's key and webhook secret that is set (for redacting logs: the file
+        may name variables `logs.secrets_from_env` does not know)."""
+        found = {s for a in self.accounts.values() for s in (a.api_key, a.webhook_secret)}
+        return sorted((s for s in found if s), key=len, reverse=True)
 
     def budget(self, kind: str, account: str) -> Budget | None:
         """The fleet-wide budget of `account` for 'status' or 'create' calls; None: unlimited."""
@@ -349,8 +442,22 @@ class Settings:
 
 
 def key_variable(account: str) -> str:
-    """The environment variable that holds an account's API key."""
-    return "SUME_API_KEY" if account == DEFAULT_ACCOUNT else f"SUME_API_KEY_{account.upper()}"
+    """The environment variable that holds the key of `account` when the environment (not
+    the accounts file) defines it: `<PREFIX>_API_KEY` for `default`, else
+    `<PREFIX>_API_KEY_<NAME>`, with the default provider's prefix (`SUME`)."""
+    prefix = registry.load(registry.DEFAULT_PROVIDER).env_prefix
+    if account == DEFAULT_ACCOUNT:
+        return f"{prefix}_API_KEY"
+    return f"{prefix}_API_KEY_{account.upper()}"
+
+
+def validate_account_name(name: str) -> bool:
+    """Whether `name` is a valid account name (`policy.validate_account`, as a test)."""
+    try:
+        validate_account(name)
+    except InvalidIntent:
+        return False
+    return True
 
 
 def _by_account(env: Mapping[str, str], prefix: str,
@@ -369,13 +476,234 @@ def _by_account(env: Mapping[str, str], prefix: str,
     return found
 
 
-def _account_keys(env: Mapping[str, str]) -> dict[str, str]:
-    keys: dict[str, str] = {}
-    default = check_text(env, "SUME_API_KEY")
-    if default:
-        keys[DEFAULT_ACCOUNT] = default
-    keys.update(_by_account(env, "SUME_API_KEY_", lambda name: check_text(env, name)))
-    return keys
+# --- accounts --------------------------------------------------------------------------------
+
+FILE_FIELDS = ("provider", "base_url", "api_key_env", "webhook_secret_env",
+               "status_rate_per_min", "submit_rate_per_min")
+"""What an `[accounts.NAME]` table may hold; `api_key_env` is required."""
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
+"""A variable `api_key_env` / `webhook_secret_env` may name: upper-case, as by convention (a
+mixed-case value is far more likely a pasted key than a variable's name)."""
+_PROVIDER_WORD = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_SECRET_NAME = re.compile(
+    r"(?:^|[^a-z])(?:api_?key|key|keys|token|secret|password|passwd|pwd|credentials?|bearer|"
+    r"auth|authorization)(?:$|[^a-z])")
+_KEYS_NEVER = 'keys never go in the file: set api_key_env = "NAME" and export NAME'
+_SECRETS_NEVER = ('secrets never go in the file: set webhook_secret_env = "NAME" and export '
+                  'NAME')
+
+
+def config_path(env: Mapping[str, str], cwd: Path | None = None) -> Path | None:
+    """The accounts file: VIDPOLL_CONFIG (relative to `cwd`, the working directory), which
+    must exist; unset or empty: `vidpoll.toml` in `cwd` if it exists, else None."""
+    try:
+        here = Path.cwd() if cwd is None else cwd
+    except OSError:  # the working directory was removed: relative paths find nothing there
+        here = Path()
+    named = env.get(CONFIG_VARIABLE, "").strip()
+    if named:
+        path = here / Path(named).expanduser()
+        if not path.exists():
+            raise ConfigError(f"{CONFIG_VARIABLE}: {path} does not exist")
+        return path
+    path = here / DEFAULT_CONFIG_FILE
+    return path if path.exists() else None
+
+
+def load_accounts(env: Mapping[str, str], config_file: Path | None) -> dict[str, Account]:
+    """Every account: the file's, then the default provider's environment accounts whose
+    names the file does not define (a file account of the same name wins). Without a file
+    account, `default` is always one (keyless when its variable is unset), as before."""
+    insecure = _on_off(env, ALLOW_INSECURE_HTTP_VARIABLE, False)
+    found = {} if config_file is None else read_accounts_file(config_file, env, insecure)
+    provider = registry.load(registry.DEFAULT_PROVIDER)
+    from_env = environment_accounts(env, provider, environment_base_url(env, provider,
+                                                                        insecure),
+                                    keyless_default=not found)
+    return found | {n: a for n, a in from_env.items() if n not in found}
+
+
+def environment_base_url(env: Mapping[str, str], provider: Provider,
+                         allow_insecure_http: bool) -> str:
+    """`<PREFIX>_BASE_URL`, checked, or the provider's public URL when it is unset."""
+    name = f"{provider.env_prefix}_BASE_URL"
+    return check_base_url(check_text(env, name) or provider.default_base_url,
+                          allow_insecure_http, name=name,
+                          key_name=f"{provider.env_prefix}_API_KEY",
+                          example=provider.default_base_url)
+
+
+def environment_accounts(env: Mapping[str, str], provider: Provider, base_url: str, *,
+                         keyless_default: bool = True) -> dict[str, Account]:
+    """The accounts `provider`'s variables define, without a file: `<PREFIX>_API_KEY` for
+    `default` (there even when unset if `keyless_default`), `<PREFIX>_API_KEY_<NAME>` for
+    `name`; all at `base_url`, with `<PREFIX>_WEBHOOK_SECRET` and VIDPOLL_*_RATE_PER_MIN."""
+    variable = f"{provider.env_prefix}_API_KEY"
+    keys = {DEFAULT_ACCOUNT: (variable, check_text(env, variable))}
+    keys.update(_by_account(env, variable + "_", lambda name: (name, check_text(env, name))))
+    secret_variable = f"{provider.env_prefix}_WEBHOOK_SECRET"
+    secret = check_text(env, secret_variable)
+    return {name: Account(
+        name, provider.name, base_url, key, variable_name,
+        _rate(env, STATUS_RATE_VARIABLE, name, None),
+        _rate(env, SUBMIT_RATE_VARIABLE, name, None),
+        secret, secret_variable, "environment")
+        for name, (variable_name, key) in keys.items()
+        if key or (name == DEFAULT_ACCOUNT and keyless_default)}
+
+
+def read_accounts_file(path: Path, env: Mapping[str, str],
+                       allow_insecure_http: bool = False) -> dict[str, Account]:
+    """The accounts `path` defines, keys read from the variables it names; a ConfigError of
+    one line naming the file, the account and the field for anything wrong (never a value
+    that may be a secret: only the names of fields and variables)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read "
+                          f"({exc.strerror or type(exc).__name__})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}: is not UTF-8 text (line {line})") from None
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:  # says what and where (line, column), no content
+        raise ConfigError(f"{path}: is not valid TOML: {exc}") from None
+    for key, value in document.items():
+        if key == "accounts":
+            continue
+        if _secret_like(key, value):
+            raise ConfigError(f"{path}: {key[:64]}: {_KEYS_NEVER}")
+        what = f"table [{key[:64]}]" if isinstance(value, dict) else f"setting {key[:64]!r}"
+        raise ConfigError(f"{path}: unknown {what} (allowed: [accounts.NAME] tables)")
+    tables = document.get("accounts", {})
+    if not isinstance(tables, dict):
+        raise ConfigError(f"{path}: accounts must be tables, one per account "
+                          "([accounts.NAME] with provider, api_key_env, ...)")
+    return {name: _file_account(path, name, table, env, allow_insecure_http)
+            for name, table in tables.items()}
+
+
+def _file_account(path: Path, name: str, table: Any, env: Mapping[str, str],
+                  allow_insecure_http: bool) -> Account:
+    """One `[accounts.NAME]` table, checked field by field."""
+    try:
+        validate_account(name)
+    except InvalidIntent as exc:
+        raise ConfigError(f"{path}: [accounts] {name[:64]!r}: {exc}") from None
+    at = f"{path}: [accounts.{name}]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{at}: must be a table of fields (provider, api_key_env, ...), "
+                          "not a single value (not shown)")
+    for key, value in table.items():  # a key written into the file first: the worst mistake
+        if key not in FILE_FIELDS and _secret_like(key, value):
+            never = _SECRETS_NEVER if "webhook" in key.lower() else _KEYS_NEVER
+            raise ConfigError(f"{at} {key[:64]}: {never} (the value is not shown)")
+    for key in table:
+        if key not in FILE_FIELDS:
+            near = difflib.get_close_matches(key, FILE_FIELDS, n=1)
+            hint = f"did you mean {near[0]}? " if near else ""
+            raise ConfigError(f"{at} {key[:64]}: unknown field ({hint}allowed: "
+                              f"{', '.join(FILE_FIELDS)})")
+    provider = _file_provider(at, table.get("provider", registry.DEFAULT_PROVIDER))
+    if "api_key_env" not in table:
+        raise ConfigError(
+            f"{at} api_key_env: missing; every account in the file names the environment "
+            f"variable that holds its key (like api_key_env = "
+            f"\"{provider.env_prefix}_API_KEY_{name.upper()}\", then export it)")
+    key_env = _variable_name(at, "api_key_env", table["api_key_env"], _KEYS_NEVER)
+    base = table.get("base_url", provider.default_base_url)
+    if not isinstance(base, str):
+        raise ConfigError(f"{at} base_url: must be a string (like base_url = "
+                          f"\"{provider.default_base_url}\")")
+    try:
+        base = check_base_url(base, allow_insecure_http, name="the URL",
+                              key_name="the variable api_key_env names",
+                              example=provider.default_base_url)
+    except ConfigError as exc:
+        raise ConfigError(f"{at} base_url: {exc}") from None
+    secret_env = ""
+    if "webhook_secret_env" in table:
+        secret_env = _variable_name(at, "webhook_secret_env", table["webhook_secret_env"],
+                                    _SECRETS_NEVER)
+    return Account(
+        name, provider.name, base, _file_secret(at, "api_key_env", env, key_env), key_env,
+        _rate(env, STATUS_RATE_VARIABLE, name, _file_rate(at, "status_rate_per_min", table)),
+        _rate(env, SUBMIT_RATE_VARIABLE, name, _file_rate(at, "submit_rate_per_min", table)),
+        _file_secret(at, "webhook_secret_env", env, secret_env) if secret_env else "",
+        secret_env, "file")
+
+
+def _file_provider(at: str, value: Any) -> Provider:
+    known = ", ".join(registry.names())
+    if not isinstance(value, str) or not _PROVIDER_WORD.fullmatch(value):
+        raise ConfigError(f"{at} provider: must be a provider's name (known: {known}; the "
+                          "value is not shown)")
+    try:
+        return registry.load(value)
+    except ConfigError as exc:  # the registry's own words: unknown provider 'x' (known: ...)
+        raise ConfigError(f"{at} provider: {exc}") from None
+
+
+def _variable_name(at: str, field_name: str, value: Any, never: str) -> str:
+    """`value` if it can be an environment variable's name, else a ConfigError that never
+    shows it (a value that is not a name is most likely the key itself)."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{at} {field_name}: must be a string, the name of an environment "
+                          f"variable (like {field_name} = \"NAME\")")
+    if not _ENV_NAME.fullmatch(value):
+        raise ConfigError(f"{at} {field_name}: is not an environment variable's name "
+                          f"(upper-case letters, digits and _, not starting with a digit; "
+                          f"the value is not shown); {never}")
+    return value
+
+
+def _file_secret(at: str, field_name: str, env: Mapping[str, str], variable: str) -> str:
+    """The value of the variable a field names (empty when unset), checked by `check_text`."""
+    try:
+        return check_text(env, variable)
+    except ConfigError as exc:
+        raise ConfigError(f"{at} {field_name}: {exc}") from None
+
+
+def _file_rate(at: str, field_name: str, table: Mapping[str, Any]) -> float | None:
+    value = table.get(field_name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{at} {field_name}: must be a number of calls a minute, without "
+                          f"quotes (like {field_name} = 3000)")
+    if not (math.isfinite(value) and value >= 0.001):
+        raise ConfigError(f"{at} {field_name}: must be a positive number of calls a minute "
+                          f"(at least 0.001; like {field_name} = 3000), not {value!r}")
+    return float(value)
+
+
+def _secret_like(key: str, value: Any) -> bool:
+    """Whether a field that is not an allowed one holds a key: its name says so (unless it
+    is a `..._env` field naming a variable: a typo of an allowed one), or a value in it looks
+    like one."""
+    named = bool(_SECRET_NAME.search(key.lower()))
+    if named and key.lower().endswith("_env") and isinstance(value, str) \
+            and _ENV_NAME.fullmatch(value):
+        named = False
+    return named or _holds_secret(value)
+
+
+def _holds_secret(value: Any) -> bool:
+    """Whether `value`, or a string or name inside it, looks like a key: a word of 16
+    characters or more, without spaces or ://, mixing digits with letters."""
+    if isinstance(value, dict):
+        return any(_SECRET_NAME.search(str(k).lower()) or _holds_secret(v)
+                   for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_secret(v) for v in value)
+    if not isinstance(value, str):
+        return False
+    return (len(value) >= 16 and not any(ch.isspace() for ch in value) and "://" not in value
+            and any(ch.isdigit() for ch in value) and any(ch.isalpha() for ch in value))
 
 
 _HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
@@ -465,17 +793,26 @@ def hook_path(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _rates(env: Mapping[str, str], name: str, keys: Mapping[str, str]) -> dict[str, float]:
-    """`NAME` for every account, `NAME_<ACCOUNT>` for one; unset or empty means unlimited."""
-    rates: dict[str, float] = {}
-    base = env.get(name, "").strip()
-    for account in {DEFAULT_ACCOUNT, *keys}:
-        own = f"{name}_{account.upper()}"
-        if env.get(own, "").strip():
-            rates[account] = _float(env, own, 0.0, minimum=0.001)
-        elif base:
-            rates[account] = _float(env, name, 0.0, minimum=0.001)
-    return rates
+def _rates(env: Mapping[str, str], name: str, accounts: Mapping[str, Account],
+           kind: Literal["status", "submit"]) -> dict[str, float]:
+    """Each account's rate, and `default`'s when no account is called so (`name` alone, as
+    before accounts had a provider); absent: unlimited."""
+    rates = {a.name: (a.status_rate_per_min if kind == "status" else a.submit_rate_per_min)
+             for a in accounts.values()}
+    if DEFAULT_ACCOUNT not in rates:
+        rates[DEFAULT_ACCOUNT] = _rate(env, name, DEFAULT_ACCOUNT, None)
+    return {a: r for a, r in rates.items() if r is not None}
+
+
+def _rate(env: Mapping[str, str], name: str, account: str, own: float | None) -> float | None:
+    """An account's rate: its own (from the file), else `NAME_<ACCOUNT>`, else `NAME`; unset
+    or empty means unlimited (None)."""
+    if own is not None:
+        return own
+    for variable in (f"{name}_{account.upper()}", name):
+        if env.get(variable, "").strip():
+            return _float(env, variable, 0.0, minimum=0.001)
+    return None
 
 
 def _retention(env: Mapping[str, str], name: str, default: float | None) -> float | None:

@@ -69,7 +69,7 @@ from vidpoll.errors import (
     UrlExpired,
 )
 from vidpoll.logs import event
-from vidpoll.media import MAX_MEDIA_URLS, media_urls, redact_urls
+from vidpoll.media import MAX_MEDIA_URLS, redact_urls
 from vidpoll.models import (
     DOWNLOAD,
     ClaimedDelivery,
@@ -80,10 +80,12 @@ from vidpoll.models import (
     WorkerStats,
 )
 from vidpoll.policy import PollPolicy, backoff_delay
+from vidpoll.providers import registry
 from vidpoll.runner import (
     DB_BACKOFF_MAX_S,
     IDLE_MAX_S,
     SHUTDOWN_TIMEOUT_S,
+    NoticeStore,
     Runner,
     default_worker_id,
     shutdown_reserve_s,
@@ -246,7 +248,7 @@ def load_hook(spec: str, path: Sequence[str] | None = None) -> Hook:
     return hook
 
 
-class DeliveryStore(Protocol):
+class DeliveryStore(NoticeStore, Protocol):
     """What deliveries need from the database."""
 
     async def register_consumer(self, name: str) -> bool:
@@ -273,9 +275,6 @@ class DeliveryStore(Protocol):
     async def pending_deliveries(self, consumers: Sequence[str], within_s: float
                                  ) -> tuple[int, int]:
         """(pending, due within `within_s`) for a drain."""
-
-    def notifications(self, channels: Sequence[str] = ...) -> AsyncIterator[Notice]:
-        """One item once listening, then one per NOTIFY."""
 
 
 class MediaDownloader(Protocol):
@@ -804,7 +803,8 @@ class Deliverer(Runner):
             why = ("its result could not be fetched" if job.result_state == "failed"
                    else "it has no result")
             return self._outcome(claim, "failed", error=f"nothing to download: {why}")
-        urls = media_urls(job.result)
+        urls = registry.load(job.provider or registry.DEFAULT_PROVIDER).rules.media_urls(
+            job.result)
         if len(urls) > MAX_MEDIA_URLS:
             return self._outcome(claim, "failed", error=f"the result lists {len(urls)} media "
                                                         f"URLs (more than {MAX_MEDIA_URLS})")

@@ -25,6 +25,7 @@ from vidpoll.models import ClaimMode
 from vidpoll.policy import Budget, PollPolicy
 from vidpoll.providers.sume.client import SumeClient
 from vidpoll.providers.sume.fake import FakeConfig, FakeSume, start_fake
+from vidpoll.providers.sume.rules import COMPLETED, SUCCESS_STATUSES
 from vidpoll.store import PgStore, drop_database, migrate
 from vidpoll.submitter import Submitter, SubmitterConfig
 from vidpoll.worker import Worker, WorkerConfig
@@ -40,7 +41,7 @@ def _fake_config() -> FakeConfig:
     # Every fault class the worker handles, at rates high enough to be seen in 40 jobs.
     return FakeConfig(api_key=DEMO_KEY, latency_s=0.08, latency_jitter=0.5, queued_s=1.0,
                       render_s=8.0, render_jitter=0.6, next_poll_after_s=1.0,
-                      terminal_mix={"completed": 0.8, "failed": 0.1, "canceled": 0.05,
+                      terminal_mix={COMPLETED: 0.8, "failed": 0.1, "canceled": 0.05,
                                     "expired": 0.05},
                       fail_5xx=0.04, rate_429=0.03, unavailable_503=0.02, retry_after_s=2,
                       malformed=0.02, html=0.02, hang=0.01, hang_s=6.0, not_found_for_s=1.0,
@@ -182,7 +183,7 @@ async def _check_downloads(store: PgStore, fake: FakeSume) -> int:
     """Every completed job's file is on disk, whole: raises otherwise."""
     downloaded = 0
     for job_id, job in fake.jobs.items():
-        if job.outcome != "completed":
+        if job.outcome not in SUCCESS_STATUSES:
             continue
         tracked = await store.job(job_id)
         if tracked is None or len(tracked.files) != 1:

@@ -33,7 +33,8 @@ from vidpoll.policy import (
     probe_verdict,
     provider_error_code,
 )
-from vidpoll.providers.sume.client import DEFAULT_STATUS_PATH, SumeClient
+from vidpoll.providers import registry
+from vidpoll.providers.base import Rules
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -117,7 +118,7 @@ def _checks(report: dict[str, Any], latest: int) -> Iterator[Finding]:
         yield Finding("unknown intents", WARN, f"{unknown} intent(s) refused after an earlier "
                       "attempt's outcome was unknown: a render may be billed and is not yet "
                       "tracked; they are re-sent with the same key every 2 minutes at most",
-                      "`vidpoll intents list --state unknown`; once you know from Sume's "
+                      "`vidpoll intents list --state unknown`; once you know from the provider's "
                       "records, `vidpoll intents resolve KEY --job-id ID` or `--not-billed`")
     else:
         yield Finding("unknown intents", OK, "none")
@@ -255,34 +256,45 @@ def _connections(c: dict[str, Any]) -> Iterator[Finding]:
 
 PROBE_PREFIX = "vidpoll-doctor-probe-"
 """The job id doctor reads (with a random suffix): one that cannot exist."""
-BASE_URL_FIX = ("check SUME_BASE_URL: scheme, host and any path prefix the provider's API lives "
-                f"under (the status path {DEFAULT_STATUS_PATH} is appended to it), and any "
+BASE_URL_FIX = ("check {setting}: scheme, host and any path prefix the provider's API lives "
+                "under (the status path is appended to it), and any "
                 "proxy in between")
 
 
-async def check_providers(base_url: str, keys: Mapping[str, str],
-                          timeout_s: float = 15.0) -> list[Finding]:
+async def check_providers(base_url: str | Mapping[str, str], keys: Mapping[str, str],
+                          timeout_s: float = 15.0, *,
+                          providers: Mapping[str, str] | None = None,
+                          settings_of: Mapping[str, str] | None = None) -> list[Finding]:
     """One finding per account with a key (`keys`: account -> API key), by account name: one
-    status read each of a job id that cannot exist, all at once. The keys are never shown."""
+    status read each of a job id that cannot exist, all at once. The keys are never shown.
+    `base_url`: every account's, or one per account; `providers`: account -> provider name
+    (the default provider's for an account not named); `settings_of`: account -> where its
+    base URL is set, as messages name it."""
+    default = registry.load(registry.DEFAULT_PROVIDER)
     if not keys:
         return [Finding("provider", OK, "not checked: no API key in this environment "
-                        "(SUME_API_KEY, SUME_API_KEY_<ACCOUNT>)")]
+                        f"({default.env_prefix}_API_KEY, {default.env_prefix}_API_KEY_<ACCOUNT>, "
+                        "or api_key_env of an account in vidpoll.toml)")]
 
     async def one(account: str, key: str) -> Finding:
+        provider = registry.load((providers or {}).get(account, registry.DEFAULT_PROVIDER))
+        url = base_url if isinstance(base_url, str) else base_url[account]
+        setting = (settings_of or {}).get(account, f"{provider.env_prefix}_BASE_URL")
         try:
             job_id = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
-            async with SumeClient(base_url, key, timeout_s=timeout_s,
-                                  max_connections=1) as client:
+            async with provider.client(url, key, timeout_s=timeout_s,
+                                       max_connections=1) as client:
                 if client.key_problem is not None:
                     return Finding(f"provider: {account}", FAIL, "the API key of account "
                                    f"{account!r} cannot be sent: {client.key_problem}",
                                    f"check {key_variable(account)}")
                 answer = await client.read_status(job_id)
-                return provider_finding(account, client.shown_status_url(job_id), answer)
+                return provider_finding(account, client.shown_status_url(job_id), answer,
+                                        client.rules, setting)
         except Exception as exc:  # one account's failure is its finding, never a traceback
             return Finding(f"provider: {account}", FAIL, f"could not check account "
                            f"{account!r}: {type(exc).__name__}: {_safe_text(exc, key)}",
-                           f"check {key_variable(account)} and SUME_BASE_URL")
+                           f"check {key_variable(account)} and {setting}")
 
     return list(await asyncio.gather(*(one(a, keys[a]) for a in sorted(keys))))
 
@@ -298,13 +310,14 @@ def _safe_text(exc: BaseException, key: str) -> str:
     return redact_urls(text)[:200]
 
 
-def provider_finding(account: str, url: str, answer: HttpAnswer) -> Finding:
+def provider_finding(account: str, url: str, answer: HttpAnswer, rules: Rules,
+                     setting: str = "the base URL") -> Finding:
     """What one probe read of `url` (scheme, host and path only) says about an account's base
     URL and key."""
     check = f"provider: {account}"
-    verdict = probe_verdict(answer)
+    verdict = probe_verdict(answer, rules)
     status = answer.status
-    code = provider_error_code(answer.body)
+    code = provider_error_code(answer.body, rules)
     said = f"HTTP {status}" + (f" {code}" if code else "")
     if verdict == PROVIDER:
         return Finding(check, OK, f"{url} answered in the provider's own words ({said}) for a "
@@ -313,23 +326,26 @@ def provider_finding(account: str, url: str, answer: HttpAnswer) -> Finding:
         return Finding(check, FAIL, f"the provider refused the API key of account {account!r} "
                        f"({said}) at {url}", f"check {key_variable(account)} (if the key is "
                        "right and no error code is shown, a proxy may refuse instead: "
-                       "check SUME_BASE_URL)")
+                       f"check {setting})")
     if verdict == MISROUTED:
         kind = body_kind(answer.body, parsed_json_object(answer.body))
         return Finding(check, FAIL, f"base URL looks wrong: {url} answered HTTP {status} "
-                       f"({kind}), not the provider's error envelope", BASE_URL_FIX)
+                       f"({kind}), not the provider's error envelope",
+                       BASE_URL_FIX.format(setting=setting))
     if verdict == NOT_API:
         # a warning, as for the worker: a provider's own broken body may come now and then
         what = ("a redirect" if status is not None and 300 <= status < 400
                 else "an HTML page" if body_kind(answer.body, None) == "an HTML page"
                 else "not a JSON object")
         return Finding(check, WARN, f"base URL is probably wrong: {url} answered HTTP "
-                       f"{status} ({what}), not the provider's JSON", BASE_URL_FIX + "; run "
+                       f"{status} ({what}), not the provider's JSON",
+                       BASE_URL_FIX.format(setting=setting) + "; run "
                        "`vidpoll doctor` again if the URL is right (a passing glitch)")
     if verdict == NO_ANSWER:
         return Finding(check, FAIL, f"base URL looks wrong: {url} gave no answer "
                        f"({answer.transport_error}: {redact_urls(answer.detail)})",
-                       BASE_URL_FIX + "; or the network, a firewall, or the provider is down")
+                       BASE_URL_FIX.format(setting=setting)
+                       + "; or the network, a firewall, or the provider is down")
     return Finding(check, WARN, f"{url} answered {said}, which does not tell whether base URL "
                    "and key are right (a gateway error, or a pause asked for)",
                    "run `vidpoll doctor` again in a minute")

@@ -3,7 +3,7 @@
 A crash at any point leaves either nothing, a `.part` file (resumed with a Range request, or
 restarted if the server ignores it) or the complete file under its final name; never a half
 file under the final name. Every URL is fetched through vidpoll.fetch_guard (which hosts and
-addresses, redirects, size, deadline and minimum rate); the Sume API key is never sent to
+addresses, redirects, size, deadline and minimum rate); the the provider API key is never sent to
 media hosts, and a URL is only ever shown without its query string.
 
 Files are reached through directory file descriptors (`dir_fd=`) and opened with
@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -89,10 +90,11 @@ class Downloader:
 
     @classmethod
     def from_settings(cls, directory: str | os.PathLike[str], settings: Settings,
+                      headers: Mapping[str, Mapping[str, str]] | None = None,
                       **kwargs: Any) -> Downloader:
         """A Downloader with the fetch policy the environment sets (FetchPolicy.from_settings:
-        SUME_BASE_URL, VIDPOLL_MEDIA_ALLOW_HOSTS*, VIDPOLL_DOWNLOAD_*)."""
-        return cls(directory, policy=FetchPolicy.from_settings(settings), **kwargs)
+        each account's base URL, VIDPOLL_MEDIA_ALLOW_HOSTS*, VIDPOLL_DOWNLOAD_*)."""
+        return cls(directory, policy=FetchPolicy.from_settings(settings, headers), **kwargs)
 
     @property
     def policy(self) -> FetchPolicy:

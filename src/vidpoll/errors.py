@@ -7,7 +7,7 @@
     ├── InvalidJobId         a job id vidpoll cannot store (empty, > 1024 bytes, NUL, surrogate)
     ├── InvalidIntent        an idempotency key or payload vidpoll cannot send or store
     ├── KeyConflict          an idempotency key already recorded with another payload
-    ├── IntentRejected       Sume refused a submission for good (402, 422, ...)
+    ├── IntentRejected       the provider refused a submission for good (402, 422, ...)
     └── DownloadError        a media download attempt failed (retried later)
         ├── UrlExpired       the media host refused the link: fetch the result again
         ├── DiskError        the directory cannot take the file (full, read-only, ...)
@@ -46,10 +46,11 @@ class KeyConflict(VidpollError):
 
 
 class IntentRejected(VidpollError):
-    """Sume refused the submission in its own words; `vidpoll intents retry KEY` re-queues it."""
+    """The provider refused the submission in its own words; `vidpoll intents retry KEY`
+    re-queues it."""
 
     def __init__(self, key: str, code: str | None, message: str | None) -> None:
-        super().__init__(f"intent {key!r} was rejected by Sume: {code or 'error'}: "
+        super().__init__(f"intent {key!r} was rejected by the provider: {code or 'error'}: "
                          f"{message or 'no message'}")
         self.key = key
         self.code = code

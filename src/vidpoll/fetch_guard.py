@@ -199,15 +199,20 @@ class FetchPolicy:
         return cls(AccountRules(api_base_url, allow_hosts), limits=limits or FetchLimits())
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> FetchPolicy:
-        """The policy the environment sets: SUME_BASE_URL is every account's API origin;
-        VIDPOLL_MEDIA_ALLOW_HOSTS[_<ACCOUNT>] and VIDPOLL_DOWNLOAD_* as documented."""
+    def from_settings(cls, settings: Settings,
+                      headers: Mapping[str, Mapping[str, str]] | None = None) -> FetchPolicy:
+        """The policy the settings give: each account's base URL is its API origin (the
+        default provider's base URL for an account not configured);
+        VIDPOLL_MEDIA_ALLOW_HOSTS[_<ACCOUNT>] and VIDPOLL_DOWNLOAD_* as documented.
+        `headers`: by account, what its media needs on its API origin (Client.media_headers)."""
         def rules(account: str) -> AccountRules:
             hosts, variable = settings.media_allow_hosts_for(account)
-            return AccountRules(settings.sume_base_url, hosts, variable)
+            found = settings.accounts.get(account)
+            base = found.base_url if found is not None else settings.sume_base_url
+            return AccountRules(base, hosts, variable, (headers or {}).get(account, {}))
 
-        return cls(rules("default"),
-                   {a: rules(a) for a in settings.media_allow_hosts_by_account},
+        named = {*settings.media_allow_hosts_by_account, *settings.accounts}
+        return cls(rules("default"), {a: rules(a) for a in named},
                    FetchLimits(max_bytes=settings.download_max_bytes,
                                deadline_s=settings.download_deadline_s,
                                min_bytes_per_s=settings.download_min_bytes_per_s))

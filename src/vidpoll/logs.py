@@ -26,9 +26,13 @@ from vidpoll.media import redact_urls
 EVENT_FIELDS = ("job_id", "account", "outcome", "http_status", "request_id", "key",
                 "consumer", "worker_id", "error_class")
 """The fields an event may carry (anything else passed in `extra` is ignored)."""
-SECRET_VARIABLES = ("SUME_WEBHOOK_SECRET", "VIDPOLL_DASHBOARD_TOKEN", "VIDPOLL_METRICS_TOKEN",
-                    "PGPASSWORD")
-"""Besides SUME_API_KEY, SUME_API_KEY_<ACCOUNT> and the password in DATABASE_URL."""
+SECRET_VARIABLES = ("VIDPOLL_DASHBOARD_TOKEN", "VIDPOLL_METRICS_TOKEN", "PGPASSWORD")
+"""Besides every variable SECRET_NAME matches and the password in DATABASE_URL."""
+SECRET_NAME = re.compile(r"(?:^|_)(?:API_?KEY|API_?TOKEN|TOKEN|SECRET|KEY|PASSWORD)(?:_|$)")
+"""Variables that hold a provider's key or a webhook secret, whatever the provider:
+SUME_API_KEY, SUME_API_KEY_<ACCOUNT>, SUME_WEBHOOK_SECRET, REPLICATE_API_TOKEN, FAL_KEY, and
+any `api_key_env` an accounts file names that is spelled like one (Settings.secrets() has
+the others)."""
 _CONNINFO_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
 _BEARER = re.compile(r"(?i)(bearer\s+)[^\s'\",]+")
 _LOOSE_URL_PASSWORD = re.compile(r"^[a-z][a-z0-9+.-]*://[^:@/\s]*:(.*)@[^@]*$", re.I)
@@ -64,7 +68,7 @@ def short_secrets_from_env(env: Mapping[str, str] | None = None) -> list[str]:
 def _env_secrets(env: Mapping[str, str] | None) -> list[str]:
     env = os.environ if env is None else env
     found = [v.strip() for k, v in env.items()
-             if k == "SUME_API_KEY" or k.startswith("SUME_API_KEY_") or k in SECRET_VARIABLES]
+             if SECRET_NAME.search(k) or k in SECRET_VARIABLES]
     found += [v for k, v in env.items() if k == "PGPASSWORD"]  # as given, spaces included
     return found + database_passwords(env.get("DATABASE_URL", ""))
 
@@ -226,6 +230,17 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
 
 
 _console: dict[str, Any] = {"json": False, "redact": Redactor([])}
+_installed: list[Redactor] = []
+"""The redactor of the log handler setup() installed (add_secrets extends it)."""
+
+
+def add_secrets(secrets: Iterable[str]) -> None:
+    """Redact these too from now on, in the log and in say(): the keys and webhook secrets
+    of accounts an accounts file names, whose variables secrets_from_env cannot know."""
+    extra = [s for s in secrets if len(s) >= MIN_SECRET]
+    for redactor in (*_installed, _console["redact"]):
+        merged = set(redactor.secrets) | set(extra)
+        redactor.secrets = sorted(merged, key=len, reverse=True)
 SAY_MIN_TOKEN = 8
 """say() redacts the dashboard token only when at least this long (see setup)."""
 
@@ -269,6 +284,7 @@ def setup(level: str, fmt: str, secrets: Iterable[str] | None = None) -> None:
     words = short_secrets_from_env()
     redactor = Redactor(secrets_from_env() if secrets is None else secrets, words)
     console(fmt, redactor)
+    _installed[:] = [redactor]
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter(redactor) if fmt == "json" else TextFormatter(redactor))
     root = logging.getLogger()

@@ -33,7 +33,7 @@ def shown_url(url: str) -> str:
 
 
 MEDIA_URL_KEYS = ("url", "video_url", "download_url", "media_url", "file_url")
-"""Keys whose value is a media file (Sume's `videos[].url`; the common other spellings).
+"""Keys whose value is a media file (the provider's `videos[].url`; the common other spellings).
 Other `*_url` keys (a status or web page link) are not media and are never fetched."""
 
 

@@ -8,14 +8,13 @@ account, an outcome word, a consumer name; never a job id, never a URL or a key.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from vidpoll.models import LOCAL_TERMINAL_STATES, PENDING
-from vidpoll.policy import TERMINAL_STATUSES
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 """This process's metrics (not prometheus_client's global registry)."""
@@ -32,7 +31,7 @@ LATENESS = Histogram(
 CLAIM_BATCH = Histogram("vidpoll_claim_batch_size", "Rows per claim statement.",
                         buckets=(0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
                         registry=REGISTRY)
-IN_FLIGHT = Gauge("vidpoll_reads_in_flight", "Status reads waiting for Sume now.",
+IN_FLIGHT = Gauge("vidpoll_reads_in_flight", "Status reads waiting for the provider now.",
                   registry=REGISTRY)
 SUBMISSIONS = Counter("vidpoll_submissions_total", "POSTs of intents by outcome: submitted, "
                       "queued (retried later), unknown (refused or unanswered after a lost "
@@ -47,10 +46,10 @@ TOKENS = Counter("vidpoll_rate_tokens_granted_total", "Tokens taken from the fle
 BUDGET_WAITS = Counter("vidpoll_rate_budget_waits_total", "Claims that got fewer tokens than "
                        "they wanted (the budget, not the rows, held them back).",
                        ["account", "kind"], registry=REGISTRY)
-SERVER_PAUSES = Counter("vidpoll_server_pauses_total", "Pauses Sume asked for (429, "
+SERVER_PAUSES = Counter("vidpoll_server_pauses_total", "Pauses the provider asked for (429, "
                         "RateLimit-Remaining: 0).", ["account"], registry=REGISTRY)
 MISROUTE_PAUSES = Counter("vidpoll_misroute_pauses_total", "Pauses of an account begun "
-                          "because something other than Sume answered (a 4xx without its "
+                          "because something other than the provider answered (a 4xx without its "
                           "error envelope: a wrong base URL, a proxy), by loop: poll, submit.",
                           ["account", "loop"], registry=REGISTRY)
 FENCED_OUT = Counter("vidpoll_fenced_out_total", "Writes refused because another worker "
@@ -86,11 +85,17 @@ OLDEST_DUE = Gauge("vidpoll_oldest_due_seconds", "How late the most overdue pend
                    "(exact).", registry=TABLE_REGISTRY)
 
 
-STATE_LABELS = frozenset({PENDING, *TERMINAL_STATUSES, *LOCAL_TERMINAL_STATES, "finished"})
-"""The values of a `state` label: the states vidpoll knows (pending, the terminal words it
-recognises, its own gave_up and not_found, and `finished`, the estimate's one word for every
-finished row before ANALYZE), and OTHER_STATE for the rest. A provider that answers
-`terminal: true` with words of its choosing must not mint a time series per word."""
+STATE_LABELS: set[str] = {PENDING, *LOCAL_TERMINAL_STATES, "finished"}
+"""The values of a `state` label: the states vidpoll knows (pending, the terminal words of
+every provider loaded (`know_states`, called by vidpoll.providers.registry), its own gave_up
+and not_found, and `finished`, the estimate's one word for every finished row before
+ANALYZE), and OTHER_STATE for the rest. A provider that answers `terminal: true` with words
+of its choosing must not mint a time series per word."""
+
+
+def know_states(words: Iterable[str]) -> None:
+    """Add a provider's terminal words to the state labels (at most 64 words a provider)."""
+    STATE_LABELS.update(list(words)[:64])
 OTHER_STATE = "other"
 
 

@@ -15,34 +15,35 @@ PENDING = "pending"
 """The one state that is polled; every other state is final."""
 
 NOT_FOUND = "not_found"
-"""Local terminal state: Sume kept answering 404 past the configured tries and age."""
+"""Local terminal state: the provider kept answering 404 past the configured tries and age."""
 
 GAVE_UP = "gave_up"
 """Local terminal state: still not terminal after the max polling age; `jobs resume` revives it."""
 
 LOCAL_TERMINAL_STATES = frozenset({NOT_FOUND, GAVE_UP})
 
-COMPLETED = "completed"
-"""Sume's terminal state of a render that produced a video."""
-
-SUCCESS_STATES = frozenset({"complete", COMPLETED, "success", "succeeded"})
-"""Terminal words of a render that produced a video. The state is the provider's own word
-lower-cased (`succeeded` stays `succeeded`); each of these gets its result fetched, its
-download and exit code 0 from `wait`."""
+SUCCEEDED = "succeeded"
+"""The neutral outcome of a render that produced a video, whatever the provider's word (its
+result is fetched, its media downloaded, `wait` exits 0): see vidpoll.providers.base."""
 
 QUEUED = "queued"
-"""An intent not yet accepted by Sume: never sent, or sent with an unknown outcome."""
+"""An intent not yet accepted by the provider: never sent, or sent with an unknown outcome."""
 
 SUBMITTED = "submitted"
-"""An intent Sume answered 202: its job row exists and is linked."""
+"""An intent the provider answered 202: its job row exists and is linked."""
 
 REJECTED = "rejected"
-"""An intent Sume refused for good (402, 422, ...): never retried automatically."""
+"""An intent the provider refused for good (402, 422, ...): never retried automatically."""
 
 UNKNOWN = "unknown"
-"""An intent Sume refused after an earlier attempt's outcome was unknown (a lost reply): a
-render may be billed, so it is sent again with the same key on a slow schedule until Sume
+"""An intent the provider refused after an earlier attempt's outcome was unknown (a lost reply): a
+render may be billed, so it is sent again with the same key on a slow schedule until the provider
 answers with a job or an operator settles it (`intents resolve`)."""
+
+PARKED_S = 10 * 365 * 86400.0
+"""An `unknown` intent of a provider whose creates have no idempotency key is parked this long:
+sending it again could bill a second render, so it waits for an operator (`intents resolve`)
+or for the provider's own records to settle it."""
 
 UNKNOWN_RESEND_MAX_S = 120.0
 """An `unknown` intent is sent again at least this often (a top-up then brings its job back)."""
@@ -127,6 +128,8 @@ class ClaimedIntent:
     """QUEUED or UNKNOWN (a refused intent whose earlier outcome was unknown)."""
     outcome_unknown: bool = False
     """An earlier attempt's outcome was unknown: a refusal now is no proof nothing was billed."""
+    model: str | None = None
+    """The model the create runs (`submit --model`), for a provider whose creates name one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +157,10 @@ class Intent:
     resolution: str | None = None
     """How an operator settled it: 'job' (billed, job_id) or 'not_billed'; None if not."""
     resolved_at: datetime | None = None
+    provider: str | None = None
+    """The provider of its account when it was recorded (None: a release before 0014)."""
+    model: str | None = None
+    """The model its create runs (`submit --model`); None for a provider that takes none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +187,7 @@ class SubmitOutcome:
 
 @dataclass(frozen=True, slots=True)
 class HttpAnswer:
-    """What came back from one HTTP call to Sume, before any interpretation."""
+    """What came back from one HTTP call to the provider, before any interpretation."""
 
     status: int | None
     body: bytes = b""
@@ -212,6 +219,14 @@ class Outcome:
     """time.monotonic() when the answer arrived: the store counts the hint, finished_at and
     last_polled_at from then, not from when the write (or, in lock mode, the claim's
     transaction) began. 0: from the write."""
+    outcome: str | None = None
+    """The neutral outcome of a final state (`succeeded`, `failed`, `canceled`, `expired`,
+    `not_found`, `gave_up`: vidpoll.providers.base), None while pending."""
+    unknown_word: bool = False
+    """A pending answer's word the provider is not known to send while a job runs."""
+    inline_result: bool = False
+    """The answer (`body`) is the succeeded job's result too: a provider whose results come
+    inline (vidpoll.providers.base.ResultSource.INLINE); no result call follows."""
 
     @property
     def is_final(self) -> bool:
@@ -221,7 +236,7 @@ class Outcome:
     @property
     def succeeded(self) -> bool:
         """True when the render ended with a video (its result is then fetched)."""
-        return self.state in SUCCESS_STATES
+        return self.outcome == SUCCEEDED
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,12 +252,16 @@ class Job:
     idempotency_key: str | None
     account: str = DEFAULT_ACCOUNT
     result: dict[str, Any] | None = field(default=None, repr=False)
-    """Sume's answer to GET .../result once fetched (media URLs, signed: never log them, so
+    """The provider's answer to GET .../result once fetched (media URLs, signed: never log them, so
     it is left out of repr())."""
     result_state: str | None = None
     """None (not completed), pending (to fetch), fetched or failed."""
     files: tuple[MediaFile, ...] = ()
     """The media files downloaded for it (workers with --download-dir)."""
+    outcome: str | None = None
+    """The neutral outcome (`succeeded`, `failed`, ...: vidpoll.providers.base), None while
+    pending; `state` keeps the provider's own word."""
+    provider: str | None = None
 
     @property
     def is_final(self) -> bool:
@@ -251,9 +270,8 @@ class Job:
 
     @property
     def succeeded(self) -> bool:
-        """True when the render ended with a video (`completed`, `succeeded`, ...: the state
-        is the provider's own word)."""
-        return self.state in SUCCESS_STATES
+        """True when the render ended with a video, whatever the provider's word for it."""
+        return self.outcome == SUCCEEDED
 
     @property
     def result_settled(self) -> bool:

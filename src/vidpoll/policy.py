@@ -20,11 +20,12 @@ from vidpoll.errors import InvalidIntent, InvalidJobId
 from vidpoll.models import (
     GAVE_UP,
     NOT_FOUND,
+    PARKED_S,
     PENDING,
     QUEUED,
     REJECTED,
     SUBMITTED,
-    SUCCESS_STATES,
+    SUCCEEDED,
     UNKNOWN,
     UNKNOWN_RESEND_MAX_S,
     ClaimedIntent,
@@ -36,22 +37,12 @@ from vidpoll.models import (
     ResultOutcome,
     SubmitOutcome,
 )
+from vidpoll.providers.base import ResultSource, Rules, Terminal, Unreadable
 
 DEFAULT_POLL_INTERVAL_S = 15.0
 MAX_JOB_ID_LEN = 1024
 """Bytes of a job id in UTF-8 (its percent-encoded URL then fits any server's request line)."""
 MAX_KEY_LEN = 255
-IN_PROGRESS_STATUSES = frozenset({"queued", "running", "processing", "pending", "submitted"})
-"""Status words that mean "not done yet": read without a `terminal` flag, they keep the row
-polled like any unknown word, but the worker logs only the words outside this set."""
-SUCCESS_STATUSES = SUCCESS_STATES
-"""Words that end a job with a video. The state is the word itself, lower-cased, as for every
-terminal word (the contract: the provider's word is the state); each of them gets its result
-fetched, its download and exit 0 from `wait` (`Outcome.succeeded`, `Job.succeeded`)."""
-ENDED_STATUSES = frozenset({"canceled", "cancelled", "error", "errored", "failed", "expired"})
-"""Words that end a job without a video (the CLI's, plus `expired`, which the CLI forgets)."""
-TERMINAL_STATUSES = SUCCESS_STATUSES | ENDED_STATUSES
-"""The words that end a job when the answer carries no `terminal` flag."""
 MAX_ERROR_TEXT = 500
 
 
@@ -99,17 +90,18 @@ class Misrouted(AuthPause):
 
 @dataclass(frozen=True, slots=True)
 class MisroutedCreate(AuthPause):
-    """A create POST answered by something other than Sume: a 4xx without its error envelope
+    """A create POST answered by something other than the provider: a 4xx without its error envelope
     (a wrong base URL's path, a proxy's or a framework's error page), other than the "not
     now" ones (RETRYABLE_CREATE_4XX). The submitter pauses the account's submissions as for
     a refused key (the intent given back untouched, its attempt not counted, no unknown
-    outcome recorded) and probes with a status read, never a POST, until Sume answers.
+    outcome recorded) and probes with a status read, never a POST, until the provider answers.
 
-    Why the attempt counts as not sent (not as an unknown outcome): Sume answers every
-    request it handles in its envelope, and a proxy that forwards a request passes Sume's
-    answer on, so an answer without it was made before the request reached Sume's create;
+    Why the attempt counts as not sent (not as an unknown outcome): the provider answers every
+    request it handles in its envelope, and a proxy that forwards a request passes the provider's
+    answer on, so an answer without it was made before the request reached the provider's create;
     the same rule already holds for a refused key. The intent is still sent again under the
-    same Idempotency-Key only, so if a proxy did forward it against all odds, Sume's answer to
+    same Idempotency-Key only, so if a proxy did forward it against all odds, the
+    provider's answer to
     the re-send is the job it started (docs/SUBMITTING.md).
     """
 
@@ -242,7 +234,7 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
 
 
 def next_poll_delay(raw: Any, policy: PollPolicy) -> float:
-    """Seconds until the next read from `next_poll_after_seconds`, defaulted and clamped."""
+    """Seconds until the next read from the provider's hint, defaulted and clamped."""
     value: float | None = None
     if isinstance(raw, bool):
         value = None
@@ -265,15 +257,12 @@ def _age_s(job: ClaimedJob, now: datetime) -> float:
     return (now - job.polling_since).total_seconds()
 
 
-def _error_text(envelope: dict[str, Any] | None, answer: HttpAnswer, what: str) -> str:
+def _error_text(body: dict[str, Any] | None, answer: HttpAnswer, what: str,
+                rules: Rules) -> str:
     parts = [what]
-    if envelope is not None and isinstance(envelope.get("error"), dict):
-        err = envelope["error"]
-        code, message = err.get("code"), err.get("message")
-        if code:
-            parts.append(str(code))
-        if message:
-            parts.append(str(message))
+    code, message = rules.error_code(body)
+    if code is not None or message is not None:
+        parts.extend(p for p in (code, message) if p)
     elif answer.detail:
         parts.append(answer.detail)
     return ": ".join(parts)[:MAX_ERROR_TEXT]
@@ -312,59 +301,8 @@ def _request_id(body: dict[str, Any] | None, answer: HttpAnswer) -> str | None:
     return answer.request_id
 
 
-@dataclass(frozen=True, slots=True)
-class StatusRead:
-    """What a 200 status answer says, whichever of Sume's two shapes it came in."""
-
-    terminal: bool | None
-    """The `terminal` flag, None when no holder carries a boolean one."""
-    word: str | None
-    """The status word, stripped and lower-cased; None when there is none."""
-    next_poll_after: Any
-    """The raw `next_poll_after_seconds` hint (None when absent)."""
-
-
-def _holders(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
-    """The objects a status answer keeps its fields in, nearest the job first: `data.job`,
-    `job`, `data`, then the top."""
-    data = body.get("data")
-    data = data if isinstance(data, dict) else {}
-    found = (data.get("job"), body.get("job"), data)
-    return (*(h for h in found if isinstance(h, dict) and h), body)
-
-
-def _word(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return None
-    word = value.strip().lower()
-    return word or None
-
-
-def read_status(body: dict[str, Any]) -> StatusRead:
-    """Read the flag, the word and the hint of a status answer in either shape.
-
-    The seed's bare `{terminal, sume_status, next_poll_after_seconds}`, or the enveloped one
-    Sume's CLI reads (fields under `data`, `data.job` or `job`, often no `terminal`). The
-    flag, the hint and the seed's `sume_status` are looked for at the top first, then under
-    data.job, job and data; then `status`, nearest the job first (data.job, job, data, top):
-    a top-level `status` may describe the envelope ("ok", "success") rather than the job, so
-    it counts only when nothing nearer the job carries a word. A flag that is not a boolean
-    is no flag (the word decides).
-    """
-    nearest = _holders(body)
-    seed_first = (body, *nearest[:-1])  # the seed's own fields live at the top
-    terminal = next((h["terminal"] for h in seed_first if isinstance(h.get("terminal"), bool)),
-                    None)
-    word = next((w for w in (_word(h.get("sume_status")) for h in seed_first) if w), None)
-    if word is None:
-        word = next((w for w in (_word(h.get("status")) for h in nearest) if w), None)
-    hint = next((h["next_poll_after_seconds"] for h in seed_first
-                 if h.get("next_poll_after_seconds") is not None), None)
-    return StatusRead(terminal, word, hint)
-
-
 def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolicy,
-           rng: random.Random) -> Outcome | AuthPause:
+           rng: random.Random, rules: Rules) -> Outcome | AuthPause:
     """Classify one status read and say what the row becomes."""
     status = answer.status
     # parsed once: the hot path of every read
@@ -378,8 +316,10 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
         if state == PENDING and _age_s(job, now) >= policy.max_age_s:
             state = GAVE_UP
         return Outcome(job.job_id, job.claim_token, state, delay_s, read_ok=False,
+                       outcome=None if state == PENDING else state,
                        http_status=status, error_class=cls,
-                       error=_error_text(body, answer, what), body=body, request_id=request_id,
+                       error=_error_text(body, answer, what, rules), body=body,
+                       request_id=request_id,
                        account=job.account)
 
     if answer.transport_error is not None:
@@ -390,7 +330,7 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
         err = (body or {}).get("error")
         code = err.get("code") if isinstance(err, dict) else None
         return AuthPause(0.0, status, f"HTTP {status}" + (f": {code}" if code else ""))
-    if is_misrouted(status, body):
+    if is_misrouted(status, body, rules):
         # not the provider's "no such job" (nor any of its answers): never counted as one
         return Misrouted(0.0, status, f"HTTP {status} ({body_kind(answer.body, body)})",
                          row_outcome=error(ErrorClass.CLIENT_ERROR, f"HTTP {status} (not the "
@@ -415,27 +355,22 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
 
     if body is None:
         return error(ErrorClass.MALFORMED, f"HTTP {status} body is not a JSON object")
-    read = read_status(body)
-    provider_status = read.word
-    terminal = read.terminal
-    if terminal is None:
-        if provider_status is None:
-            return error(ErrorClass.MALFORMED, "no boolean 'terminal' and no status word "
-                         "('sume_status' or 'status', at the top or under 'data', "
-                         "'data.job' or 'job')")
-        # no flag: the word decides, as Sume's CLI does; an unknown word keeps polling
-        terminal = provider_status in TERMINAL_STATUSES
-    if terminal:
-        if not provider_status or provider_status == PENDING:
-            return error(ErrorClass.MALFORMED, "terminal answer without a usable 'sume_status'")
-        return Outcome(job.job_id, job.claim_token, provider_status[:64], 0.0, read_ok=True,
-                       http_status=status, provider_status=provider_status, body=body,
-                       request_id=request_id, account=job.account)
+    view = rules.read_status(body)
+    if isinstance(view, Unreadable):
+        return error(ErrorClass.MALFORMED, view.why)
+    if isinstance(view, Terminal):
+        return Outcome(job.job_id, job.claim_token, view.word[:64], 0.0, read_ok=True,
+                       http_status=status, provider_status=view.word, body=body,
+                       request_id=request_id, account=job.account, outcome=view.outcome,
+                       inline_result=(view.outcome == SUCCEEDED
+                                      and rules.result_source is ResultSource.INLINE))
     state = GAVE_UP if _age_s(job, now) >= policy.max_age_s else PENDING
     return Outcome(job.job_id, job.claim_token, state,
-                   next_poll_delay(read.next_poll_after, policy), read_ok=True,
-                   http_status=status, provider_status=provider_status, body=body,
-                   request_id=request_id, account=job.account)
+                   next_poll_delay(view.hint, policy), read_ok=True,
+                   http_status=status, provider_status=view.word, body=body,
+                   request_id=request_id, account=job.account,
+                   outcome=GAVE_UP if state == GAVE_UP else None,
+                   unknown_word=not view.known)
 
 
 RETRYABLE_READ_4XX = frozenset({408, 425, 429})
@@ -443,12 +378,12 @@ RETRYABLE_READ_4XX = frozenset({408, 425, 429})
 too many requests): retried with backoff like before, never taken for a wrong URL."""
 
 
-def is_misrouted(status: int, body: dict[str, Any] | None) -> bool:
+def is_misrouted(status: int, body: dict[str, Any] | None, rules: Rules) -> bool:
     """Whether a status-read answer is a 4xx the provider did not send: no error envelope
     (`{"error": {"code": ...}}`), and not a key refusal (401/403) nor a "not now"
     (RETRYABLE_READ_4XX). `body` is the parsed JSON object, None if it is not one."""
     return (400 <= status < 500 and status not in (401, 403)
-            and status not in RETRYABLE_READ_4XX and _envelope(body)[0] is None)
+            and status not in RETRYABLE_READ_4XX and rules.error_code(body)[0] is None)
 
 
 def body_kind(raw: bytes, body: dict[str, Any] | None) -> str:
@@ -469,7 +404,7 @@ def body_kind(raw: bytes, body: dict[str, Any] | None) -> str:
 PROVIDER, KEY_REFUSED, MISROUTED, NOT_API, NO_ANSWER, UNSURE = (
     "provider", "key_refused", "misrouted", "not_api", "no_answer", "unsure")
 """What a probe (a status read of a job id that cannot exist) says about the URL and the key:
-the provider answered in its own words (both right; a 2xx JSON object, or any status with its
+The provider answered in its own words (both right; a 2xx JSON object, or any status with its
 error envelope: its "not found" is the expected answer); it refused the key (401/403); a 4xx
 without the envelope (the base URL is wrong: what `decide` pauses an account for); an
 answer that is probably not the API's (a 1xx/3xx, a 2xx that is no JSON object: a redirect,
@@ -500,12 +435,12 @@ def parsed_json_object(raw: bytes) -> dict[str, Any] | None:
     return _json_object(raw)
 
 
-def provider_error_code(raw: bytes) -> str | None:
+def provider_error_code(raw: bytes, rules: Rules) -> str | None:
     """The error code of the provider's envelope in `raw`, None if it is not one."""
-    return _envelope(_json_object(raw))[0]
+    return rules.error_code(_json_object(raw))[0]
 
 
-def probe_verdict(answer: HttpAnswer) -> str:
+def probe_verdict(answer: HttpAnswer, rules: Rules) -> str:
     """Classify one probe answer: PROVIDER, KEY_REFUSED, MISROUTED, NO_ANSWER or UNSURE."""
     if answer.transport_error is not None or answer.status is None:
         return NO_ANSWER
@@ -513,7 +448,7 @@ def probe_verdict(answer: HttpAnswer) -> str:
     if status in (401, 403):
         return KEY_REFUSED
     body = _json_object(answer.body)
-    if _envelope(body)[0] is not None:
+    if rules.error_code(body)[0] is not None:
         return PROVIDER
     if 200 <= status < 300:
         return PROVIDER if body is not None else NOT_API
@@ -529,43 +464,18 @@ def auth_pause_delay(failures: int, policy: PollPolicy, rng: random.Random) -> f
     return backoff_delay(failures, policy, rng, cap_s=policy.auth_backoff_max_s)
 
 
-def _envelope(body: dict[str, Any] | None) -> tuple[str | None, str | None]:
-    """Sume's error code and message, if the body is its error envelope."""
-    err = (body or {}).get("error")
-    if not isinstance(err, dict):
-        return None, None
-    code, message = err.get("code"), err.get("message")
-    return (str(code)[:200] if isinstance(code, str) and code else None,
-            str(message)[:MAX_ERROR_TEXT] if isinstance(message, str) and message else None)
-
-
-def created_job_id(body: dict[str, Any] | None) -> str | None:
-    """The job id in a create answer or a webhook (`job_id`, `id`, or either under `data`)."""
-    for holder in (body, (body or {}).get("data")):
-        if not isinstance(holder, dict):
-            continue
-        for name in ("job_id", "id"):
-            value = holder.get(name)
-            if isinstance(value, str):
-                try:
-                    return validate_job_id(value)
-                except InvalidJobId:
-                    return None
-    return None
-
-
 RETRYABLE_4XX = {408: ErrorClass.TIMEOUT, 409: ErrorClass.CONFLICT, 429: ErrorClass.RATE_LIMITED}
 """4xx answers that say "not now" rather than "never": the same key is sent again later."""
 RETRYABLE_CREATE_4XX = frozenset({*RETRYABLE_4XX, 425})
-"""4xx create answers never taken for a wrong URL, even without Sume's envelope: the "not
+"""4xx create answers never taken for a wrong URL, even without the provider's envelope: the "not
 now" ones (a 425 without the envelope stays an unknown outcome, as before)."""
 
 
-def is_misrouted_create(status: int, body: dict[str, Any] | None) -> bool:
-    """Whether a create answer is a 4xx Sume did not send (no error envelope), other than a
+def is_misrouted_create(status: int, body: dict[str, Any] | None, rules: Rules) -> bool:
+    """Whether a create answer is a 4xx the provider did not send (no error envelope), other than a
     refused key (401/403) or a "not now" (RETRYABLE_CREATE_4XX)."""
     return (400 <= status < 500 and status not in (401, 403)
-            and status not in RETRYABLE_CREATE_4XX and _envelope(body)[0] is None)
+            and status not in RETRYABLE_CREATE_4XX and rules.error_code(body)[0] is None)
 
 
 def unknown_resend_delay(policy: PollPolicy, rng: random.Random,
@@ -579,56 +489,69 @@ def unknown_resend_delay(policy: PollPolicy, rng: random.Random,
 
 
 def decide_submit(intent: ClaimedIntent, answer: HttpAnswer, now: datetime, policy: PollPolicy,
-                  rng: random.Random) -> SubmitOutcome | AuthPause:
+                  rng: random.Random, rules: Rules) -> SubmitOutcome | AuthPause:
     """Classify one create POST: submitted, rejected for good, retry with the same key, or
     unknown (retry slowly, visibly).
 
     The rule that keeps a clip from being billed twice lives here: anything short of a clear
     answer (a timeout, a dropped connection, a 5xx, a 2xx without a job id, a 408/409/429, a
     1xx/3xx) is an *unknown* outcome, and the only safe move is to send the same
-    Idempotency-Key again later. A 401/403, or a 4xx that is not Sume's own error envelope (a
+    Idempotency-Key again later. A 401/403, or a 4xx that is not the provider's own error envelope
+    (a
     wrong URL, a proxy: MisroutedCreate), is a pause of the account: the request never reached
-    Sume's create, so nothing is recorded about the intent. And once an attempt's outcome
-    was unknown, a refusal in Sume's envelope is no proof that nothing was billed (a
+    The provider's create, so nothing is recorded about the intent. And once an attempt's outcome
+    was unknown, a refusal in the provider's envelope is no proof that nothing was billed (a
     provider may check credits or limits before its key lookup, and answer 402 to the
     re-send of a render it started): the intent becomes UNKNOWN, never REJECTED, and keeps
-    being sent with the same key, at most UNKNOWN_RESEND_MAX_S apart, until Sume answers with
+    being sent with the same key, at most UNKNOWN_RESEND_MAX_S apart, until the provider
+    answers with
     a job or an operator settles it.
     """
     status = answer.status
     body = _json_object(answer.body)
     request_id = _request_id(body, answer)
-    code, message = _envelope(body)
+    code, message = rules.error_code(body)
     hinted = parse_retry_after(answer.retry_after, now)
 
     def retry(cls: ErrorClass, what: str) -> SubmitOutcome:
+        if rules.idempotency_header is None and status != 429:
+            # no key makes a second create safe: whatever this was, a render may be billed
+            return parked(cls, _error_text(body, answer, what, rules))
         if intent.state == UNKNOWN:
             # still no answer for a key that may be billed: the slow schedule, kept visible
             return SubmitOutcome(intent.key, intent.claim_token, UNKNOWN,
                                  unknown_resend_delay(policy, rng, hinted), http_status=status,
-                                 error_class=cls, error=_error_text(body, answer, what),
+                                 error_class=cls, error=_error_text(body, answer, what, rules),
                                  request_id=request_id)
         if hinted is not None:
             delay = min(policy.max_poll_s, max(policy.min_poll_s, hinted))
         else:
             delay = backoff_delay(intent.consecutive_errors + 1, policy, rng)
         return SubmitOutcome(intent.key, intent.claim_token, QUEUED, delay, http_status=status,
-                             error_class=cls, error=_error_text(body, answer, what),
+                             error_class=cls, error=_error_text(body, answer, what, rules),
+                             request_id=request_id)
+
+    def parked(cls: ErrorClass, error: str) -> SubmitOutcome:
+        return SubmitOutcome(intent.key, intent.claim_token, UNKNOWN, PARKED_S,
+                             http_status=status, error_class=cls,
+                             error=f"{error} (not sent again: the provider's creates have no "
+                                   "idempotency key; settle it with `vidpoll intents resolve`)"
+                             [:MAX_ERROR_TEXT], error_code=code, error_message=message,
                              request_id=request_id)
 
     if answer.transport_error is not None:
         return retry(answer.transport_error, answer.transport_error.value)
     assert status is not None
     if 200 <= status < 300:
-        job_id = created_job_id(body)
+        job_id = rules.created_job_id(body)
         if job_id is None:
             return retry(ErrorClass.MALFORMED, f"HTTP {status} without a usable job id")
         return SubmitOutcome(intent.key, intent.claim_token, SUBMITTED, job_id=job_id,
                              http_status=status, request_id=request_id)
     if status in (401, 403):
         return AuthPause(0.0, status, f"HTTP {status}" + (f": {code}" if code else ""))
-    if is_misrouted_create(status, body):
-        # not Sume's answer: the request never reached its create (see MisroutedCreate)
+    if is_misrouted_create(status, body, rules):
+        # not the provider's answer: the request never reached its create (see MisroutedCreate)
         return MisroutedCreate(0.0, status, f"HTTP {status} ({body_kind(answer.body, body)})")
     if status in RETRYABLE_4XX:
         return retry(RETRYABLE_4XX[status], f"HTTP {status}")
@@ -637,20 +560,25 @@ def decide_submit(intent: ClaimedIntent, answer: HttpAnswer, now: datetime, poli
     if status >= 500:
         return retry(ErrorClass.SERVER_ERROR, f"HTTP {status}")
     if 400 <= status < 500 and code is not None:
+        if (intent.outcome_unknown or intent.state == UNKNOWN) and rules.idempotency_header is None:
+            return parked(ErrorClass.CLIENT_ERROR, _error_text(body, answer, f"HTTP {status}",
+                                                                rules))
         if intent.outcome_unknown or intent.state == UNKNOWN:
             # refused now, but an earlier attempt may have started (and billed) a render
             return SubmitOutcome(intent.key, intent.claim_token, UNKNOWN,
                                  unknown_resend_delay(policy, rng, hinted), http_status=status,
                                  error_class=ErrorClass.CLIENT_ERROR,
-                                 error=_error_text(body, answer, f"HTTP {status}"),
+                                 error=_error_text(body, answer, f"HTTP {status}", rules),
                                  error_code=code, error_message=message, request_id=request_id)
         return SubmitOutcome(intent.key, intent.claim_token, REJECTED, http_status=status,
                              error_class=ErrorClass.CLIENT_ERROR,
-                             error=_error_text(body, answer, f"HTTP {status}"), error_code=code,
+                             error=_error_text(body, answer, f"HTTP {status}", rules),
+                             error_code=code,
                              error_message=message, request_id=request_id)
-    # a 425 without Sume's envelope, a 1xx/3xx (a redirect is never followed): not Sume
+    # a 425 without the provider's envelope, a 1xx/3xx (a redirect is never followed): not the
+    # provider
     # refusing this request, so never a final rejection; sent again with the same key
-    return retry(ErrorClass.CLIENT_ERROR, f"HTTP {status} (not a Sume error answer)")
+    return retry(ErrorClass.CLIENT_ERROR, f"HTTP {status} (not a the provider error answer)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -753,12 +681,12 @@ MAX_RESULT_ATTEMPTS = 30
 
 
 def decide_result(claim: ClaimedResult, answer: HttpAnswer, now: datetime, policy: PollPolicy,
-                  rng: random.Random) -> ResultOutcome:
+                  rng: random.Random, rules: Rules) -> ResultOutcome:
     """Classify one result fetch: fetched, not yet (409 and every transient failure: later,
-    with backoff or Retry-After), or failed for good (Sume refused, or too many tries)."""
+    with backoff or Retry-After), or failed for good (the provider refused, or too many tries)."""
     status = answer.status
     body = _json_object(answer.body)
-    code, message = _envelope(body)
+    code, message = rules.error_code(body)
 
     def later(what: str) -> ResultOutcome:
         # a 429 is the server's pacing, not this result failing: it never uses up the tries
@@ -769,7 +697,7 @@ def decide_result(claim: ClaimedResult, answer: HttpAnswer, now: datetime, polic
         delay = (min(policy.max_poll_s, max(policy.min_poll_s, hinted)) if hinted is not None
                  else backoff_delay(claim.attempts, policy, rng))
         return ResultOutcome(claim.job_id, claim.token, "pending", delay,
-                             error=_error_text(body, answer, what))
+                             error=_error_text(body, answer, what, rules))
 
     if answer.transport_error is not None:
         return later(answer.transport_error.value)
@@ -778,9 +706,10 @@ def decide_result(claim: ClaimedResult, answer: HttpAnswer, now: datetime, polic
         if body is None:
             return later(f"HTTP {status} body is not a JSON object")
         return ResultOutcome(claim.job_id, claim.token, "fetched", result=body)
-    if status in (401, 403, 404, 408, 409, 425, 429) or status >= 500 or code is None:
-        # 409 job_not_completed: Sume's "not yet"; a new job may 404 for a moment; a refused
-        # key is the status reads' business (they pause the account): here it is one more try
+    if (status in (401, 403, 404, 408, 425, 429) or status >= 500 or code is None
+            or rules.result_not_ready(answer, code)):
+        # The provider's "not yet"; a new job may 404 for a moment; a refused key is the
+        # status reads' business (they pause the account): here it is one more try
         return later(f"HTTP {status}" + (f" {code}" if code else ""))
     return ResultOutcome(claim.job_id, claim.token, "failed",
                          error=f"HTTP {status} {code}: {message or ''}"[:MAX_ERROR_TEXT])

@@ -11,14 +11,23 @@ import random
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from vidpoll import metrics
 from vidpoll.config import key_variable
 from vidpoll.errors import ConfigError, DatabaseUnavailable
 from vidpoll.metrics import Minutes
 from vidpoll.models import Notice
-from vidpoll.policy import AuthPause, PollPolicy, auth_pause_delay, backoff_delay
+from vidpoll.policy import (
+    AuthPause,
+    Budget,
+    Grant,
+    PollPolicy,
+    auth_pause_delay,
+    backoff_delay,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +76,67 @@ class MinutesStore(Protocol):
 
     async def due_backlog_sample(self) -> tuple[int, float]:
         """(rows due now, seconds the oldest is late)."""
+
+
+class BudgetStore(Protocol):
+    """The fleet's rate budget: a row per account and kind of call (vidpoll_rate_buckets)."""
+
+    async def take_tokens(self, account: str, kind: str, want: int, budget: Budget) -> Grant:
+        """Take up to `want` tokens (fewer when the budget has fewer)."""
+
+    async def refund_tokens(self, account: str, kind: str, n: int) -> None:
+        """Give back tokens taken but not spent."""
+
+    async def pause_bucket(self, account: str, kind: str, seconds: float,
+                           refused: bool = False) -> None:
+        """Pause every process's calls of this kind for the account (a 429 also slows it)."""
+
+
+class NoticeStore(Protocol):
+    """The database's notifications (one shared LISTEN connection a store)."""
+
+    def notifications(self, channels: Sequence[str] = ...) -> AsyncIterator[Notice]:
+        """One item once listening, then one per NOTIFY on `channels`."""
+
+
+@dataclass(slots=True)
+class Take:
+    """One claim's tokens from an account's budget for one kind of call (`take_budget`)."""
+
+    account: str
+    kind: str
+    want: int
+    granted: int
+    budgeted: bool
+    wait_s: float | None = None
+    """When fewer than `want` were granted: seconds until the next token is due."""
+
+
+async def take_budget(store: BudgetStore, account: str, kind: str, want: int,
+                      budget: Budget | None) -> Take:
+    """Take tokens for a claim of up to `want` rows (all of them when `budget` is None): the
+    one place the poller, the submitter and the result fetches draw on a budget."""
+    if budget is None:
+        return Take(account, kind, want, want, budgeted=False)
+    grant = await store.take_tokens(account, kind, want, budget)
+    take = Take(account, kind, want, grant.granted, budgeted=True)
+    if grant.granted < want:
+        metrics.BUDGET_WAITS.labels(account, kind).inc()
+        take.wait_s = grant.wait_s
+    return take
+
+
+async def settle_budget(store: BudgetStore, take: Take, used: int) -> float | None:
+    """After the claim: give back the tokens it did not use. Returns the wait until the next
+    token when the budget, not the rows, held the claim back (every token used, fewer granted
+    than wanted); None otherwise."""
+    if not take.budgeted:
+        return None
+    metrics.TOKENS.labels(take.account, take.kind).inc(min(used, take.granted))
+    if used < take.granted:
+        await store.refund_tokens(take.account, take.kind, take.granted - used)
+        return None
+    return take.wait_s
 
 
 def default_worker_id() -> str:
@@ -204,7 +274,7 @@ class Runner:
         # the pause's detail already starts "HTTP 401..." (policy): never "HTTP 401: HTTP 401"
         detail = (pause.detail if pause.detail.startswith(f"HTTP {pause.http_status}")
                   else f"HTTP {pause.http_status}: {pause.detail}")
-        log.error("Sume rejected the API key of account %r (%s); its %s paused for %.0fs, "
+        log.error("The provider rejected the API key of account %r (%s); its %s paused for %.0fs, "
                   "nothing touched. Check %s.", account, detail, doing, delay,
                   key_variable(account))
         return True
@@ -212,7 +282,7 @@ class Runner:
     def _key_accepted(self, account: str, doing: str) -> None:
         """An answer other than 401/403 for `account`: its pauses end."""
         if self._auth_failures.get(account):
-            log.warning("Sume accepts the API key of account %r again; %s resumes", account,
+            log.warning("The provider accepts the API key of account %r again; %s resumes", account,
                         doing)
             self._auth_failures[account] = 0
             self._wake.set()

@@ -52,6 +52,7 @@ import psycopg
 from psycopg import sql as pgsql
 
 from vidpoll.errors import ConfigError, DatabaseUnavailable, SchemaError
+from vidpoll.outcome_words import settle_outcomes
 from vidpoll.sql import QUERIES, migrations
 
 log = logging.getLogger(__name__)
@@ -415,6 +416,11 @@ async def migrate(url: str, timeout_s: float = 10.0, *, lock_timeout_s: float = 
                                   lambda params: conn.execute(sql, params))  # noqa: B023
             await runner.record(m, levels[m.version])
             applied.append(m.name)
+        # every provider's terminal words (0014's trigger looks them up for writers that name
+        # no outcome), then the outcome of finished rows that have none: on every run, so a
+        # provider added since, or a run killed half way, is finished (vidpoll.outcome_words)
+        await runner._set("application_name", "vidpoll migrate outcome words")
+        await settle_outcomes(conn, batch_rows, patience_s=patience_s)
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"PostgreSQL went away during migrate: {exc}") from exc
     finally:

@@ -1,14 +1,14 @@
-"""The submitter: sends recorded intents to Sume, each under its own Idempotency-Key.
+"""The submitter: sends recorded intents to the provider, each under its own Idempotency-Key.
 
 An intent is committed to PostgreSQL before anything is sent. A submitter claims due intents
 the way workers claim jobs (SKIP LOCKED, the lease is the schedule, every write fenced on the
 claim token), POSTs each once, and records the answer: on 202 the job row is inserted and the
 intent marked submitted in one transaction; on an unknown outcome the intent stays queued and
-is sent again later with the *same* key, so Sume answers with the job it already started;
-on a rejection in Sume's own words the intent is rejected for good, unless an earlier
+is sent again later with the *same* key, so the provider answers with the job it already started;
+on a rejection in the provider's own words the intent is rejected for good, unless an earlier
 attempt's outcome was unknown: then a render may be billed, and the intent is `unknown`, sent
 again with the same key at most 2 minutes apart (even while the account is paused for
-credits) until Sume answers with its job or an operator settles it (`intents resolve`).
+credits) until the provider answers with its job or an operator settles it (`intents resolve`).
 
 Like the worker, it knows neither psycopg nor aiohttp: both come in through Protocols.
 """
@@ -32,6 +32,7 @@ from vidpoll.errors import DatabaseUnavailable
 from vidpoll.logs import event
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
+    PARKED_S,
     QUEUED,
     REJECTED,
     SUBMITTED,
@@ -47,7 +48,6 @@ from vidpoll.policy import (
     PROVIDER,
     AuthPause,
     Budget,
-    Grant,
     MisroutedCreate,
     PollPolicy,
     auth_pause_delay,
@@ -56,14 +56,19 @@ from vidpoll.policy import (
     probe_verdict,
     server_pause_s,
 )
+from vidpoll.providers.base import Rules
 from vidpoll.runner import (
     DB_BACKOFF_MAX_S,
     IDLE_MAX_S,
     SHUTDOWN_TIMEOUT_S,
+    BudgetStore,
     MinutesStore,
+    NoticeStore,
     Runner,
     check_lease,
     default_worker_id,
+    settle_budget,
+    take_budget,
     utc_now,
 )
 
@@ -77,10 +82,10 @@ RELEASE_DELAY_S = 1.0
 WAKE_CHANNELS = ("vidpoll_intents", "vidpoll_job_done")
 PROBE_PREFIX = "vidpoll-probe-"
 """The job id a misrouted account's probe reads (a status read, never a POST): one that cannot
-exist, so Sume's own "not found" proves the base URL right again."""
+exist, so the provider's own "not found" proves the base URL right again."""
 
 
-class IntentStore(MinutesStore, Protocol):
+class IntentStore(MinutesStore, BudgetStore, NoticeStore, Protocol):
     """What the submitter needs from PostgreSQL."""
 
     async def claim_intents(self, limit: int, lease_s: float, worker_id: str,
@@ -106,33 +111,26 @@ class IntentStore(MinutesStore, Protocol):
     async def has_queued_intents(self, accounts: Sequence[str] = ...) -> bool:
         """Whether any intent still waits to be sent."""
 
-    async def take_tokens(self, account: str, kind: str, want: int, budget: Budget) -> Grant:
-        """Take up to `want` tokens from the fleet's bucket."""
-
-    async def refund_tokens(self, account: str, kind: str, n: int) -> None:
-        """Give back tokens that were not used."""
-
-    async def pause_bucket(self, account: str, kind: str, seconds: float,
-                           refused: bool = False) -> None:
-        """Pause every submitter's creates for the account (a 429 also slows it)."""
-
-    def notifications(self, channels: Sequence[str] = ...) -> AsyncIterator[Notice]:
-        """One item once listening, then one per NOTIFY on `channels`."""
 
 
 class VideoCreator(Protocol):
-    """What the submitter needs from Sume: the paid call. A creator may also have
+    """What the submitter needs from the provider: the paid call. A creator may also have
     `read_status(job_id)` and `shown_create_url()` (SumeClient has both): the submitter then
     probes a misrouted account with a status read and names the URL it POSTed to."""
 
-    async def create_video(self, payload: dict[str, Any], idempotency_key: str) -> HttpAnswer:
+    @property
+    def rules(self) -> Rules:
+        """The provider's rules, applied to this creator's answers."""
+
+    async def create_video(self, payload: dict[str, Any], idempotency_key: str,
+                           model: str | None = None) -> HttpAnswer:
         """POST a new render; failures come back as answers, never raised."""
 
 
 @dataclass
 class _CreateMisroute:
-    """One account's creates answered by something other than Sume (a 4xx without its error
-    envelope: a wrong base URL, a proxy), from the first such answer until Sume answers a
+    """One account's creates answered by something other than the provider (a 4xx without its error
+    envelope: a wrong base URL, a proxy), from the first such answer until the provider answers a
     POST of the account again."""
 
     url: str
@@ -142,8 +140,8 @@ class _CreateMisroute:
     """Pauses in a row: the next one grows with them."""
     probing: bool = False
     cleared: bool = False
-    """A probe (a status read) reached Sume: one intent at a time may be sent until a POST
-    is answered by Sume too (the create path alone may be the wrong one)."""
+    """A probe (a status read) reached the provider: one intent at a time may be sent until a POST
+    is answered by the provider too (the create path alone may be the wrong one)."""
     warned_create: bool = False
 
 
@@ -193,9 +191,9 @@ class SubmitStats:
     """Idle checks of what is due next made instead of a claim."""
     url_pauses: int = 0
     """Pauses of an account's submissions begun for a create answered by something other
-    than Sume (a wrong base URL, a proxy): one per episode."""
+    than the provider (a wrong base URL, a proxy): one per episode."""
     url_probes: int = 0
-    """Status reads sent to see whether Sume answers a misrouted account again."""
+    """Status reads sent to see whether the provider answers a misrouted account again."""
 
 
 class Submitter(Runner):
@@ -214,8 +212,8 @@ class Submitter(Runner):
         self.stats = SubmitStats()
         # an empty account (402) pauses that account only, like a refused key
         self._credit_failures: dict[str, int] = {}
-        # accounts whose creates something other than Sume answers: paused until a status
-        # read (never a POST) reaches Sume again
+        # accounts whose creates something other than the provider answers: paused until a status
+        # read (never a POST) reaches the provider again
         self._misroutes: dict[str, _CreateMisroute] = {}
         self._one_shot = False
         """submit_now's: one POST whose caller reports a wrong URL itself (no ERROR here)."""
@@ -329,7 +327,7 @@ class Submitter(Runner):
                 break
             misroute = self._misroutes.get(account)
             if misroute is not None and not misroute.cleared:
-                self._probe(account, misroute)  # nothing is POSTed until Sume answers
+                self._probe(account, misroute)  # nothing is POSTed until the provider answers
                 continue
             unknown_only = account in credit_paused
             if not unknown_only and (self._auth_failures.get(account)
@@ -347,13 +345,9 @@ class Submitter(Runner):
     async def _claim_account(self, account: str, want: int,
                              unknown_only: bool = False) -> list[ClaimedIntent]:
         cfg = self.config
-        budget = cfg.budgets.get(account)
-        wait_s: float | None = None
-        if budget is not None:
-            grant = await self.store.take_tokens(account, "create", want, budget)
-            if grant.granted < want:
-                wait_s = grant.wait_s
-            want = grant.granted
+        take = await take_budget(self.store, account, "create", want,
+                                 cfg.budgets.get(account))
+        want = take.granted
         if want == 0:
             got: list[ClaimedIntent] = []
         elif unknown_only:
@@ -362,9 +356,8 @@ class Submitter(Runner):
         else:
             got = await self.store.claim_intents(want, cfg.lease_s, cfg.worker_id,
                                                  cfg.max_active, account=account)
-        if budget is not None and len(got) < want:
-            await self.store.refund_tokens(account, "create", want - len(got))
-        elif wait_s is not None:
+        wait_s = await settle_budget(self.store, take, len(got))
+        if wait_s is not None:
             # the budget, not the queue, held this account back (with nothing granted, the
             # idle path only sleeps this long if intents are due)
             self._budget_wait = min(self._budget_wait or wait_s, wait_s)
@@ -427,10 +420,23 @@ class Submitter(Runner):
             # send the same key at the same moment: give it back instead
             await self._release(intent, RELEASE_DELAY_S)
             return None
+        creator = self.creators[intent.account]
+        if creator.rules.idempotency_header is None and (intent.outcome_unknown
+                                                          or intent.state == UNKNOWN):
+            # an earlier create may have billed a render and no key makes a second one safe:
+            # parked for an operator (or, later, the provider's own records), never re-sent
+            parked = SubmitOutcome(intent.key, intent.claim_token, UNKNOWN, PARKED_S,
+                                   error_class=ErrorClass.CONNECTION,
+                                   error="an earlier create's outcome is unknown and the "
+                                         "provider's creates have no idempotency key: not sent "
+                                         "again; settle it with `vidpoll intents resolve`")
+            await self._record(parked, intent.account)
+            return parked
         self.stats.posts += 1
         try:
-            answer = await self.creators[intent.account].create_video(intent.payload,
-                                                                       intent.key)
+            answer = await (creator.create_video(intent.payload, intent.key, intent.model)
+                            if intent.model is not None
+                            else creator.create_video(intent.payload, intent.key))
         except Exception as exc:  # the client promises answers; be safe anyway
             log.exception("intent %s: create call raised", intent.key)
             answer = HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
@@ -442,14 +448,15 @@ class Submitter(Runner):
             with contextlib.suppress(DatabaseUnavailable):
                 await self.store.pause_bucket(intent.account, "create", pause,
                                               answer.status == 429)
-        decision = decide_submit(intent, answer, self._clock(), cfg.policy, self._rng)
+        rules = self.creators[intent.account].rules
+        decision = decide_submit(intent, answer, self._clock(), cfg.policy, self._rng, rules)
         if isinstance(decision, MisroutedCreate):
-            # the request never reached Sume's create: given back untouched, its attempt not
+            # the request never reached the provider's create: given back untouched, its attempt not
             # counted and no unknown outcome recorded (policy.MisroutedCreate says why)
             self._create_misrouted(intent.account, decision)
             await self._release(intent, max(0.0, self._all_paused_for([intent.account])))
             return decision
-        if answer.status is not None and probe_verdict(answer) in (PROVIDER, KEY_REFUSED):
+        if answer.status is not None and probe_verdict(answer, rules) in (PROVIDER, KEY_REFUSED):
             self._create_answered(intent.account, "a POST")
         if isinstance(decision, AuthPause):
             self._key_refused(intent.account, decision, "submitting (intents stay queued)")
@@ -497,7 +504,7 @@ class Submitter(Runner):
         if outcome.state == SUBMITTED:
             self.stats.submitted += 1
             if self._credit_failures.get(account):
-                # Sume accepted a create: the account has credits again, its pause ends
+                # The provider accepted a create: the account has credits again, its pause ends
                 self._credit_failures[account] = 0
                 if not self._auth_failures.get(account):
                     self._paused_until.pop(account, None)
@@ -505,7 +512,7 @@ class Submitter(Runner):
             log.info("intent %s submitted: job %s", outcome.key, outcome.job_id, extra=fields)
         elif outcome.state == REJECTED:
             self.stats.rejected += 1
-            log.error("intent %s rejected by Sume: HTTP %s %s: %s; "
+            log.error("intent %s rejected by the provider: HTTP %s %s: %s; "
                       "`vidpoll intents retry KEY` sends it again", outcome.key,
                       outcome.http_status, outcome.error_code, outcome.error_message,
                       extra=fields)
@@ -514,7 +521,7 @@ class Submitter(Runner):
         elif outcome.state == UNKNOWN:
             self.stats.unknown += 1
             if outcome.error_code is not None:
-                log.warning("intent %s: Sume refused it (HTTP %s %s: %s), but an earlier "
+                log.warning("intent %s: the provider refused it (HTTP %s %s: %s), but an earlier "
                             "attempt's outcome is unknown, so a render may be billed: kept "
                             "as `unknown`, sent again with the same key in %.0fs; settle it "
                             "with `vidpoll intents resolve KEY --job-id ID | --not-billed`",
@@ -539,7 +546,7 @@ class Submitter(Runner):
         with contextlib.suppress(DatabaseUnavailable):
             await self.store.release_intent(intent, delay_s)
 
-    # -- creates answered by something other than Sume ---------------------------------------
+    # -- creates answered by something other than the provider ------------------------------
     def _create_url(self, account: str) -> str:
         shown = getattr(self.creators.get(account), "shown_create_url", None)
         if callable(shown):
@@ -549,7 +556,7 @@ class Submitter(Runner):
 
     def _create_misrouted(self, account: str, pause: MisroutedCreate) -> None:
         """Pause the account's submissions after a create answered by something other than
-        Sume: one ERROR per episode naming the URL (never the key or a query string)."""
+        The provider: one ERROR per episode naming the URL (never the key or a query string)."""
         now = self._now()
         episode = self._misroutes.get(account)
         if episode is not None and not episode.cleared:
@@ -561,25 +568,29 @@ class Submitter(Runner):
             metrics.MISROUTE_PAUSES.labels(account, "submit").inc()
             delay = auth_pause_delay(1, self.config.policy, self._rng)
             if self._one_shot:  # `vidpoll submit`, Vidpoll.send(): the caller says it once
-                log.info("account %r: POST %s got %s, not Sume's error envelope: the base URL "
+                log.info("account %r: POST %s got %s, not the provider's error envelope: "
+                         "the base URL "
                          "looks wrong; the intent stays queued", account, url, pause.detail)
                 self._paused_until[account] = now + delay
                 return
-            log.error("account %r: POST %s got %s, not Sume's error envelope: the base URL "
-                      "looks wrong, or a proxy answers in Sume's place. Submitting for this "
+            log.error("account %r: POST %s got %s, not the provider's error envelope: "
+                         "the base URL "
+                      "looks wrong, or a proxy answers in the provider's place. "
+                      "Submitting for this "
                       "account is paused (its intents stay queued, sent later under their "
                       "same keys), probed with a status read with backoff (first in %.1fs); "
                       "`vidpoll doctor` checks the URL", account, url, pause.detail, delay,
                       extra=event(account=account, outcome="misrouted",
                                   http_status=pause.http_status))
         else:
-            # a status read reached Sume, the POST still did not: the create path is wrong
+            # a status read reached the provider, the POST still did not: the create path is wrong
             episode.cleared = False
             episode.failures += 1
             delay = auth_pause_delay(episode.failures, self.config.policy, self._rng)
             if not episode.warned_create:
                 episode.warned_create = True
-                log.warning("account %r: Sume answers status reads, but POST %s still got %s: "
+                log.warning("account %r: the provider answers status reads, but POST %s still "
+                            "got %s: "
                             "the create path looks wrong; submitting stays paused (next "
                             "try in %.1fs)", account, episode.url, pause.detail, delay)
         self._paused_until[account] = max(self._paused_until.get(account, 0.0), now + delay)
@@ -608,14 +619,14 @@ class Submitter(Runner):
         finally:
             episode.probing = False
         self.stats.url_probes += 1
-        verdict = probe_verdict(answer)
+        verdict = probe_verdict(answer, self.creators[account].rules)
         if self._misroutes.get(account) is not episode:
-            pass  # a POST reached Sume meanwhile
+            pass  # a POST reached the provider meanwhile
         elif verdict in (PROVIDER, KEY_REFUSED):  # a refused key is the POSTs' to report
             episode.cleared = True
             if not (self._auth_failures.get(account) or self._credit_failures.get(account)):
                 self._paused_until.pop(account, None)
-            log.info("account %r: Sume answers at the base URL again (a status read); "
+            log.info("account %r: the provider answers at the base URL again (a status read); "
                      "submitting resumed after %.1fs, one intent first", account,
                      self._now() - episode.since)
         else:
@@ -629,17 +640,18 @@ class Submitter(Runner):
         await self.signals.pulse()
 
     def _create_answered(self, account: str, how: str) -> None:
-        """Sume answered a POST of the account: a pause for misrouted creates ends."""
+        """The provider answered a POST of the account: a pause for misrouted creates ends."""
         episode = self._misroutes.pop(account, None)
         if episode is None:
             return
         if not episode.cleared:  # never said at a probe (a creator without reads)
-            log.info("account %r: Sume answers at the base URL again (%s); submitting resumed "
+            log.info("account %r: the provider answers at the base URL again (%s); "
+                     "submitting resumed "
                      "after %.1fs", account, how, self._now() - episode.since)
         self._wake.set()
 
     def _credit_paused(self, account: str) -> bool:
-        """Paused because Sume reported no credits (not a refused key): the account's
+        """Paused because the provider reported no credits (not a refused key): the account's
         `unknown` intents still go out on their slow schedule, nothing else of it does."""
         return (self._credit_failures.get(account, 0) > 0
                 and not self._auth_failures.get(account)
@@ -657,7 +669,7 @@ class Submitter(Runner):
         delay = auth_pause_delay(failures, self.config.policy, self._rng)
         self._paused_until[account] = max(self._paused_until.get(account, 0.0),
                                           loop.time() + delay)
-        log.error("Sume reports insufficient credits for account %r; its submitting paused "
+        log.error("The provider reports insufficient credits for account %r; its submitting paused "
                   "for %.0fs", account, delay)
 
     # -- wake-ups -------------------------------------------------------------------------

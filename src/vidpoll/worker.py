@@ -1,6 +1,6 @@
 """The polling loop: claim due rows, read their status, record the outcome.
 
-It knows neither psycopg nor aiohttp: the database and Sume come in through the `Store` and
+It knows neither psycopg nor aiohttp: the database and the provider come in through the `Store` and
 `StatusReader` protocols, so the loop is the same against PostgreSQL, PgBouncer or a test double.
 """
 
@@ -35,36 +35,38 @@ from vidpoll.models import (
     HttpAnswer,
     Notice,
     Outcome,
-    ResultOutcome,
     WorkerStats,
 )
 from vidpoll.policy import (
-    IN_PROGRESS_STATUSES,
     KEY_REFUSED,
     NOT_API_STREAK,
     PROVIDER,
     AuthPause,
     Budget,
-    Grant,
     Misrouted,
     PollPolicy,
     auth_pause_delay,
     backoff_delay,
     decide,
-    decide_result,
     is_not_api,
     probe_verdict,
     provider_error_code,
     server_pause_s,
 )
+from vidpoll.providers.base import Rules
+from vidpoll.results import ResultFetcher, ResultStore
 from vidpoll.runner import (
     DB_BACKOFF_MAX_S,
     IDLE_MAX_S,
     SHUTDOWN_TIMEOUT_S,
+    BudgetStore,
     MinutesStore,
+    NoticeStore,
     Runner,
     check_lease,
     default_worker_id,
+    settle_budget,
+    take_budget,
     utc_now,
 )
 
@@ -161,7 +163,7 @@ class LockedBatchLike(Protocol):
         """Clear the claims of rows read without an outcome, before the commit."""
 
 
-class Store(MinutesStore, Protocol):
+class Store(MinutesStore, BudgetStore, NoticeStore, ResultStore, Protocol):
     """What the worker needs from the job table (and the fleet's rate budget)."""
 
     async def claim(self, limit: int, lease_s: float, worker_id: str,
@@ -174,13 +176,6 @@ class Store(MinutesStore, Protocol):
 
     async def record(self, outcomes: Sequence[Outcome]) -> set[str]:
         """Fenced writes of outcomes; returns the ids that landed."""
-
-    async def claim_results(self, limit: int, lease_s: float, account: str = ...
-                            ) -> list[ClaimedResult]:
-        """Claim completed jobs whose result is due to fetch."""
-
-    async def record_result(self, outcome: ResultOutcome) -> bool:
-        """Write one result fetch's outcome, fenced."""
 
     async def release(self, jobs: Sequence[ClaimedJob]) -> set[str]:
         """Give rows back unread."""
@@ -201,27 +196,19 @@ class Store(MinutesStore, Protocol):
     async def has_queued_intents(self, accounts: Sequence[str] = ...) -> bool:
         """Whether any submission intent still waits to be sent."""
 
-    async def take_tokens(self, account: str, kind: str, want: int, budget: Budget) -> Grant:
-        """Take up to `want` tokens from the fleet's bucket."""
-
-    async def refund_tokens(self, account: str, kind: str, n: int) -> None:
-        """Give back tokens that were not used."""
-
-    async def pause_bucket(self, account: str, kind: str, seconds: float,
-                           refused: bool = False) -> None:
-        """Pause every worker's calls of this kind for the account (a 429 also slows it)."""
-
-    def notifications(self, channels: Sequence[str] = ...) -> AsyncIterator[Notice]:
-        """One item once listening, then one per NOTIFY on `channels`."""
-
     async def announce_drained(self, payload: str) -> None:
         """NOTIFY the fleet (DRAINED_CHANNEL) that a claim took every due row."""
 
 
 class StatusReader(Protocol):
-    """What the worker needs from Sume. A reader may also have `shown_status_url(job_id)`,
-    the URL a read of `job_id` goes to as logs may show it (SumeClient has): the worker names
-    it when something other than the provider answers."""
+    """What the worker needs from an account's provider client (vidpoll.providers.base.Client
+    has it all). A reader may also have `shown_status_url(job_id)`, the URL a read of
+    `job_id` goes to as logs may show it: the worker names it when something other than the
+    provider answers."""
+
+    @property
+    def rules(self) -> Rules:
+        """The provider's rules, applied to this reader's answers."""
 
     async def read_status(self, job_id: str) -> HttpAnswer:
         """Read one job's status; failures come back as answers, never raised."""
@@ -303,7 +290,8 @@ class Worker(Runner):
         self._seen_words: set[str] = set()
         self._db_down_since: float | None = None
         self._writer_may_exit = False
-        self._results_seen: dict[str, bool] = {}
+        self.results = ResultFetcher(store, config.policy, self.stats)
+        """Result fetches: claimed within this worker's read tokens, read with its clients."""
         # claimed ahead, waiting for a slot
         self._ready: collections.deque[ClaimedJob] = collections.deque()
         self._prefetch = (min(config.batch_size, config.concurrency) // 2
@@ -637,15 +625,11 @@ class Worker(Runner):
             # the lane first: tokens taken now are spent now, not after waiting for a lane
             await self._lanes.acquire()
         try:
-            granted = want
-            if budget is not None:
-                grant = await self.store.take_tokens(account, "status", want, budget)
-                granted = grant.granted
-                if granted < want:
-                    metrics.BUDGET_WAITS.labels(account, "status").inc()
+            take = await take_budget(self.store, account, "status", want, budget)
+            granted = take.granted
             n = 0
             if (cfg.fetch_results and granted and not self._stopping.is_set()
-                    and (self._results_seen.get(account) or self._turn % RESULTS_TURN == 0)):
+                    and (self.results.seen(account) or self._turn % RESULTS_TURN == 0)):
                 # a share first, so a status backlog that eats every token cannot starve them
                 # (a single token goes to results every other turn only)
                 share = granted // 4 or self._turn % 2
@@ -660,14 +644,11 @@ class Worker(Runner):
         finally:
             if lane:
                 self._lanes.release()
-        if budget is not None:
-            metrics.TOKENS.labels(account, "status").inc(min(n, granted))
-            if n < granted:
-                await self.store.refund_tokens(account, "status", granted - n)
-            elif granted < want:
-                # the budget, not the due rows, held this account back (with nothing granted
-                # the idle path only sleeps this long if rows are due)
-                self._budget_wait = min(self._budget_wait or grant.wait_s, grant.wait_s)
+        wait_s = await settle_budget(self.store, take, n)
+        if wait_s is not None:
+            # the budget, not the due rows, held this account back (with nothing granted
+            # the idle path only sleeps this long if rows are due)
+            self._budget_wait = min(self._budget_wait or wait_s, wait_s)
         return n
 
     async def _claim_some(self, account: str, limit: int, locked_lane: bool) -> int:
@@ -690,33 +671,20 @@ class Worker(Runner):
         return await claimed
 
     async def _claim_results(self, account: str, limit: int) -> int:
-        claims = await self.store.claim_results(limit, self.config.lease_s, account)
-        self._results_seen[account] = bool(claims)
+        claims = await self.results.claim(account, limit, self.config.lease_s)
         for claim in claims:
             self._inflight += 1
             self._spawn(self._fetch_result(claim))
         return len(claims)
 
     async def _fetch_result(self, claim: ClaimedResult) -> None:
-        """GET one completed job's result and record it (its URLs are never logged)."""
         try:
-            answer = await self.readers[claim.account].read_result(claim.job_id)
-            self._note_server_pause(claim.account, answer)
-            decision = decide_result(claim, answer, self._clock(), self.config.policy,
-                                     self._rng)
-            if await self.store.record_result(decision):
-                metrics.RESULT_FETCHES.labels(decision.state).inc()
-                if decision.state == "fetched":
-                    self.stats.results_fetched += 1
-                else:
-                    self.stats.result_retries += decision.state == "pending"
-                    log.info("job %s: result %s (%s)", claim.job_id, decision.state,
-                             decision.error)
+            answer = await self.results.fetch(claim, self.readers[claim.account],
+                                              self._clock(), self._rng)
+            if answer is not None:
+                self._note_server_pause(claim.account, answer)
         except DatabaseUnavailable as exc:
             self._db_unavailable(exc)  # the lease ends and the fetch is due again
-        except Exception:
-            log.exception("job %s: unexpected error fetching its result; retried when its "
-                          "lease ends", claim.job_id)
         finally:
             self._inflight -= 1
             self._wake.set()
@@ -750,7 +718,8 @@ class Worker(Runner):
         self.stats.max_late_s = max(self.stats.max_late_s, late_s)
         self._note_server_pause(job.account, answer)
         try:
-            decision = decide(job, answer, self._clock(), self.config.policy, self._rng)
+            decision = decide(job, answer, self._clock(), self.config.policy, self._rng,
+                              self.readers[job.account].rules)
         except Exception as exc:
             # never release such a row (it would be due at once: a hot loop); back off instead
             log.exception("job %s: could not interpret the answer", job.job_id)
@@ -764,7 +733,7 @@ class Worker(Runner):
         misrouted = isinstance(decision, Misrouted)
         if isinstance(decision, Misrouted):  # (isinstance again: mypy narrows on it)
             if job.job_id in self._suspects:
-                # the provider answers this account's other reads: only this row's URL is
+                # The provider answers this account's other reads: only this row's URL is
                 # refused (a proxy rule, say), so it backs off on its own
                 decision = decision.row_outcome
             else:
@@ -792,7 +761,7 @@ class Worker(Runner):
                 self._not_api_ends(job.account)
         elif is_not_api(answer):
             self._not_api_answer(job, answer)
-        elif provider_error_code(answer.body) is not None:
+        elif provider_error_code(answer.body, self.readers[job.account].rules) is not None:
             self._not_api_ends(job.account)
         if decision.error_class is not None:
             self.stats.count_error(decision.error_class)
@@ -807,9 +776,10 @@ class Worker(Runner):
         elif not decision.is_final:
             self.stats.not_ready += 1
             word = decision.provider_status
-            if word and word not in IN_PROGRESS_STATUSES and word not in self._seen_words:
+            if word and decision.unknown_word and word not in self._seen_words:
                 self._seen_words.add(word)
-                log.warning("Sume sent an unknown non-terminal status %r; polling on", word)
+                log.warning("The provider sent an unknown non-terminal status %r; polling on",
+                            word)
         return dataclasses.replace(decision, answered_mono=answered)
 
     # -- reads answered by something other than the provider -------------------------------
@@ -896,7 +866,7 @@ class Worker(Runner):
         finally:
             episode.probing = False
         self.url_probes += 1
-        verdict = probe_verdict(answer)
+        verdict = probe_verdict(answer, self.readers[account].rules)
         if self._misrouted.get(account) is not episode:
             pass  # a row's read reached the provider meanwhile: polling resumed already
         elif verdict in (PROVIDER, KEY_REFUSED):  # a refused key is the rows' to report
@@ -957,7 +927,8 @@ class Worker(Runner):
                     self._release.append(job)
         except asyncio.CancelledError:
             # the shutdown timeout stopped it. Its row keeps its lease, as after a kill: the
-            # request went out, and Sume may have answered with a hint this worker never read
+            # request went out, and the provider may have answered with a hint this worker never
+            # read
             # (released due as before, another worker read such a row 0.84 s sooner than that
             # hint in a chaos run); the lease is the schedule
             raise

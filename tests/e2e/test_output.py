@@ -26,7 +26,9 @@ from psycopg.types.json import Jsonb
 
 import vidpoll.demo
 from vidpoll import logs
-from vidpoll.cli import _stderr, main, short_id
+from vidpoll.cli import main
+from vidpoll.cli._common import _stderr
+from vidpoll.cli.jobs import short_id
 from vidpoll.store import PgStore
 
 pytestmark = pytest.mark.slow

@@ -91,14 +91,14 @@ async def test_doctor_reports_a_key_no_header_can_carry_and_never_crashes(fake, 
 
 
 async def test_doctor_turns_one_accounts_exception_into_its_finding(fake, fake_url, monkeypatch):
-    real = doctor.SumeClient.read_status
+    real = SumeClient.read_status
 
     async def read_status(self: Any, job_id: str) -> Any:
         if self._api_key == "sk-boom-0123456789":
             raise ValueError("header Authorization: Bearer sk-boom-0123456789 is bad")
         return await real(self, job_id)
 
-    monkeypatch.setattr(doctor.SumeClient, "read_status", read_status)
+    monkeypatch.setattr(SumeClient, "read_status", read_status)
     findings = await doctor.check_providers(
         fake_url, {"boom": "sk-boom-0123456789", "default": API_KEY}, 2.0)
     by_check = {f.check: f for f in findings}

@@ -64,7 +64,8 @@ async def test_a_server_pause_stops_result_fetches_too(store, fake):
     [job] = await store.claim(1, 5, "w")
     from vidpoll.models import Outcome
 
-    await store.record([Outcome("j1", job.claim_token, "completed", 0, True)])
+    await store.record([Outcome("j1", job.claim_token, "completed", 0, True,
+                                outcome="succeeded")])
     await store.pause_bucket("default", "status", 30, refused=True)
     assert await store.claim_results(5, 5, "default") == []
 
@@ -87,7 +88,8 @@ async def test_result_fetches_are_fenced(store, db_url):
     [job] = await store.claim(1, 5, "w")
     from vidpoll.models import Outcome
 
-    await store.record([Outcome("j1", job.claim_token, "completed", 0, True)])
+    await store.record([Outcome("j1", job.claim_token, "completed", 0, True,
+                                outcome="succeeded")])
     t0 = await db_now(db_url)
     [stale] = await store.claim_results(1, 5, "default", now=t0)
     [fresh] = await store.claim_results(1, 5, "default",  # the first lease has ended

@@ -29,10 +29,10 @@ from vidpoll.errors import DatabaseUnavailable
 from vidpoll.fetch_guard import FetchPolicy
 from vidpoll.models import ErrorClass
 from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.webhooks import sign
 from vidpoll.store import PgStore, migrate
 from vidpoll.submitter import Submitter, SubmitterConfig
 from vidpoll.web import make_app, start_server
-from vidpoll.webhook import sign
 from vidpoll.worker import Worker, WorkerConfig
 
 from ..conftest import API_KEY, FAST_POLICY, run_until, url_for

@@ -14,8 +14,9 @@ import pytest
 from vidpoll.deliver import Deliverer, DeliveryConfig
 from vidpoll.download import Downloader
 from vidpoll.fetch_guard import FetchPolicy
-from vidpoll.models import SUCCESS_STATES, Job
+from vidpoll.models import Job
 from vidpoll.providers.sume.fake import STATUS_SHAPES, FakeSume
+from vidpoll.providers.sume.rules import SUCCESS_STATUSES as SUCCESS_STATES
 from vidpoll.store import PgStore
 
 from ..conftest import FAST_POLICY, run_until

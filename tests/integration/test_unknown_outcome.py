@@ -18,8 +18,12 @@ import psycopg
 import pytest
 
 from vidpoll.models import UNKNOWN, ErrorClass, HttpAnswer
-from vidpoll.policy import PollPolicy, decide_submit
+from vidpoll.policy import (
+    PollPolicy,
+    decide_submit,
+)
 from vidpoll.providers.sume.fake import FakeSume
+from vidpoll.providers.sume.rules import RULES as SUME
 from vidpoll.store import PgStore
 from vidpoll.submitter import Submitter
 
@@ -121,7 +125,7 @@ async def test_a_claim_whose_attempt_was_never_recorded_counts_as_unknown(store:
     assert again.outcome_unknown is True and again.attempts == 2
     outcome = decide_submit(again, HttpAnswer(402, json.dumps(
         {"error": {"code": "insufficient_credits", "message": "top up"}}).encode()),
-        later, POLICY, random.Random(1))
+        later, POLICY, random.Random(1), SUME)
     assert await store.record_submit(outcome)
     intent = await store.get_intent("k")
     assert intent is not None and intent.state == UNKNOWN

@@ -15,7 +15,11 @@ from datetime import UTC, datetime
 import psycopg
 
 from vidpoll.models import REJECTED, UNKNOWN, HttpAnswer
-from vidpoll.policy import PollPolicy, decide_submit
+from vidpoll.policy import (
+    PollPolicy,
+    decide_submit,
+)
+from vidpoll.providers.sume.rules import RULES as SUME
 
 ENVELOPE_402 = (b'{"error": {"code": "insufficient_credits", "message": "top up"}, '
                 b'"request_id": "req_1"}')
@@ -33,7 +37,7 @@ async def test_a_retry_recorded_the_old_way_still_counts_as_an_unknown_outcome(s
     [again] = await store.claim_intents(1, 30.0, "new-submitter", None)
     assert again.outcome_unknown
     decision = decide_submit(again, HttpAnswer(402, body=ENVELOPE_402), datetime.now(UTC),
-                             PollPolicy(), random.Random(1))
+                             PollPolicy(), random.Random(1), SUME)
     assert decision.state == UNKNOWN and decision.state != REJECTED
 
 

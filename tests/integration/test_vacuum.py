@@ -100,7 +100,7 @@ async def test_pooled_connections_the_server_ended_are_replaced_unseen(db_url, s
     replaced, and the caller never sees an error."""
     # "a moment ago" lasts an hour here: however slow this machine, only the goodbye waiting
     # on a socket (not the idle time) can send these connections to the check
-    monkeypatch.setattr("vidpoll.store._CHECK_AFTER_IDLE_S", 3600.0)
+    monkeypatch.setattr("vidpoll.store.pool._CHECK_AFTER_IDLE_S", 3600.0)
     async with contextlib.AsyncExitStack() as stack:  # exactly six, all held at once
         held = [await stack.enter_async_context(store._pool.connection()) for _ in range(6)]
         pids = [conn.info.backend_pid for conn in held]

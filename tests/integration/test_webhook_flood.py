@@ -16,9 +16,10 @@ import pytest
 from psycopg import sql
 
 from vidpoll import metrics
+from vidpoll.providers.sume.webhooks import sign
 from vidpoll.store import PgStore
 from vidpoll.web import make_app, start_server
-from vidpoll.webhook import MAX_BODY_BYTES, sign
+from vidpoll.webhook import MAX_BODY_BYTES
 
 SECRET = "whsec-flood"
 

@@ -13,9 +13,9 @@ import aiohttp
 import psycopg
 import pytest
 
+from vidpoll.providers.sume.webhooks import sign
 from vidpoll.store import PgStore
 from vidpoll.web import make_app, start_server
-from vidpoll.webhook import sign
 
 SECRET = "whsec-replay"
 

@@ -13,9 +13,10 @@ import aiohttp
 import psycopg
 import pytest
 
+from vidpoll.providers.sume.webhooks import sign
 from vidpoll.store import PgStore
 from vidpoll.web import make_app, start_server
-from vidpoll.webhook import MAX_BODY_BYTES, sign
+from vidpoll.webhook import MAX_BODY_BYTES
 
 from ..conftest import observe_sleeps
 

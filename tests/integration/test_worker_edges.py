@@ -12,6 +12,7 @@ from vidpoll.errors import ConfigError
 from vidpoll.models import ClaimMode, HttpAnswer
 from vidpoll.policy import PollPolicy
 from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.rules import RULES as SUME
 from vidpoll.store import PgStore
 from vidpoll.worker import Worker, WorkerConfig
 
@@ -95,6 +96,8 @@ async def test_stop_during_a_claim_gives_the_rows_back_unread(store, fake, fake_
 
 class RaisingReader:
     """A reader that breaks its promise to return answers."""
+
+    rules = SUME
 
     async def read_status(self, job_id: str) -> HttpAnswer:
         raise RuntimeError("boom")

@@ -12,7 +12,14 @@ import pytest
 from vidpoll.errors import InvalidIntent, InvalidJobId
 from vidpoll.media import job_path_segment
 from vidpoll.models import ClaimedJob, ClaimedResult, ErrorClass, HttpAnswer, Outcome
-from vidpoll.policy import PollPolicy, decide, decide_result, validate_job_id, validate_payload
+from vidpoll.policy import (
+    PollPolicy,
+    decide,
+    decide_result,
+    validate_job_id,
+    validate_payload,
+)
+from vidpoll.providers.sume.rules import RULES as SUME
 
 
 @pytest.mark.parametrize("job_id", ["\ud800", "a\udfffb", "\udc00\ud800"])
@@ -46,15 +53,15 @@ def test_a_number_past_a_doubles_range_makes_the_body_malformed_not_unwritable(
     # store.record's json.dumps(allow_nan=False) raised: the batch was dropped on every read
     body = f'{{"terminal": true, "sume_status": "completed", "x": {number}}}'.encode()
     if number == "1.5e308":  # still a finite double: a normal answer
-        outcome = decide(JOB, HttpAnswer(200, body), AT, PollPolicy(), random.Random(1))
+        outcome = decide(JOB, HttpAnswer(200, body), AT, PollPolicy(), random.Random(1), SUME)
         assert isinstance(outcome, Outcome) and outcome.state == "completed"
         return
-    outcome = decide(JOB, HttpAnswer(200, body), AT, PollPolicy(), random.Random(1))
+    outcome = decide(JOB, HttpAnswer(200, body), AT, PollPolicy(), random.Random(1), SUME)
     assert isinstance(outcome, Outcome)
     assert outcome.error_class is ErrorClass.MALFORMED and outcome.body is None
     json.dumps(outcome.body, allow_nan=False)  # what store.record does with it
     result = decide_result(ClaimedResult("j", uuid.UUID(int=2), 1), HttpAnswer(200, body), AT,
-                           PollPolicy(), random.Random(1))
+                           PollPolicy(), random.Random(1), SUME)
     assert result.state == "pending" and result.result is None
 
 
@@ -64,7 +71,7 @@ def test_the_literal_text_backslash_u0000_is_not_a_nul(text: str) -> None:
     # malformed, and a payload holding that text was refused as "contains a NUL character"
     assert "\x00" not in text
     body = json.dumps({"terminal": False, "note": text, text: 1}).encode()
-    outcome = decide(JOB, HttpAnswer(200, body), AT, PollPolicy(), random.Random(1))
+    outcome = decide(JOB, HttpAnswer(200, body), AT, PollPolicy(), random.Random(1), SUME)
     assert isinstance(outcome, Outcome) and outcome.error_class is None
     assert outcome.body == {"terminal": False, "note": text, text: 1}
     assert validate_payload({"prompt": text, text: [text]}) == {"prompt": text, text: [text]}
@@ -73,7 +80,7 @@ def test_the_literal_text_backslash_u0000_is_not_a_nul(text: str) -> None:
 @pytest.mark.parametrize("value", ["\x00", "a\\\x00", "\\\\\x00"])
 def test_a_real_nul_is_still_refused_after_any_backslashes(value: str) -> None:
     body = json.dumps({"terminal": False, "note": value}).encode()
-    outcome = decide(JOB, HttpAnswer(200, body), AT, PollPolicy(), random.Random(1))
+    outcome = decide(JOB, HttpAnswer(200, body), AT, PollPolicy(), random.Random(1), SUME)
     assert isinstance(outcome, Outcome) and outcome.error_class is ErrorClass.MALFORMED
     with pytest.raises(InvalidIntent, match="NUL"):
         validate_payload({"prompt": value})

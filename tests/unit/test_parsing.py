@@ -312,7 +312,8 @@ def store_source() -> str:
     spec = importlib.util.find_spec("vidpoll.store")
     assert spec is not None
     assert spec.origin is not None
-    return Path(spec.origin).read_text(encoding="utf-8")
+    return "\n".join(p.read_text(encoding="utf-8")
+                     for p in sorted(Path(spec.origin).parent.glob("*.py")))
 
 
 def test_every_query_name_used_by_the_store_exists() -> None:

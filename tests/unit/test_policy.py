@@ -18,7 +18,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vidpoll.models import GAVE_UP, NOT_FOUND, PENDING, ClaimedJob, ErrorClass, HttpAnswer, Outcome
-from vidpoll.policy import AuthPause, Misrouted, PollPolicy, backoff_delay, decide
+from vidpoll.policy import (
+    AuthPause,
+    Misrouted,
+    PollPolicy,
+    backoff_delay,
+    decide,
+)
+from vidpoll.providers.sume.rules import RULES as SUME
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 POLICY = PollPolicy()
@@ -44,7 +51,7 @@ NOT_FOUND_BODY = js({"error": {"code": "not_found", "message": "no such job"}})
 
 def run(answer: HttpAnswer, job: ClaimedJob | None = None, policy: PollPolicy = POLICY,
         seed: int = 0) -> Outcome | AuthPause:
-    return decide(job or make_job(), answer, NOW, policy, random.Random(seed))
+    return decide(job or make_job(), answer, NOW, policy, random.Random(seed), SUME)
 
 
 def outcome(answer: HttpAnswer, job: ClaimedJob | None = None, policy: PollPolicy = POLICY,
@@ -531,12 +538,12 @@ def check_delay(result: Outcome | AuthPause, policy: PollPolicy) -> None:
 @given(answer=answers, job=jobs, seed=st.integers(0, 2**32))
 def test_decide_never_raises_and_pending_delays_are_bounded(answer: HttpAnswer,
                                                             job: ClaimedJob, seed: int) -> None:
-    result = decide(job, answer, NOW, POLICY, random.Random(seed))
+    result = decide(job, answer, NOW, POLICY, random.Random(seed), SUME)
     check_delay(result, POLICY)
 
 
 @given(answer=answers, job=jobs, policy=policies(), seed=st.integers(0, 2**32))
 def test_decide_bounds_hold_for_any_valid_policy(answer: HttpAnswer, job: ClaimedJob,
                                                  policy: PollPolicy, seed: int) -> None:
-    result = decide(job, answer, NOW, policy, random.Random(seed))
+    result = decide(job, answer, NOW, policy, random.Random(seed), SUME)
     check_delay(result, policy)

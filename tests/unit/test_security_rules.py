@@ -158,11 +158,12 @@ def test_no_module_builds_sql_from_values() -> None:
 
 
 def test_the_scan_sees_every_query_call() -> None:
-    """The scanner must be looking at the real calls (if store.py stopped calling `execute`,
+    """The scanner must be looking at the real calls (if the store stopped calling `execute`,
     the test above would pass for nothing)."""
-    store = (SRC / "store.py").read_text(encoding="utf-8")
-    calls = [n for n in ast.walk(ast.parse(store)) if isinstance(n, ast.Call)
-             and _name_of(n.func) in EXECUTORS and isinstance(n.func, ast.Attribute)]
+    calls = [n for path in sorted((SRC / "store").glob("*.py"))
+             for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(n, ast.Call) and _name_of(n.func) in EXECUTORS
+             and isinstance(n.func, ast.Attribute)]
     assert len(calls) >= 20
 
 

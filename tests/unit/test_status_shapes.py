@@ -15,15 +15,21 @@ from typing import Any
 
 import pytest
 
-from vidpoll.models import COMPLETED, GAVE_UP, PENDING, ClaimedJob, ErrorClass, HttpAnswer, Outcome
+from vidpoll.models import GAVE_UP, PENDING, ClaimedJob, ErrorClass, HttpAnswer, Outcome
 from vidpoll.policy import (
+    PollPolicy,
+    decide,
+)
+from vidpoll.providers.sume.rules import (
+    COMPLETED,
     ENDED_STATUSES,
     IN_PROGRESS_STATUSES,
     SUCCESS_STATUSES,
     TERMINAL_STATUSES,
-    PollPolicy,
-    decide,
-    read_status,
+)
+from vidpoll.providers.sume.rules import RULES as SUME
+from vidpoll.providers.sume.rules import (
+    read_fields as read_status,
 )
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -39,7 +45,7 @@ def job(age_s: float = 60.0) -> ClaimedJob:
 
 def read(body: Any, age_s: float = 60.0) -> Outcome:
     result = decide(job(age_s), HttpAnswer(200, json.dumps(body).encode()), NOW, POLICY,
-                    random.Random(0))
+                    random.Random(0), SUME)
     assert isinstance(result, Outcome), result
     return result
 

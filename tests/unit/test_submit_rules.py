@@ -28,10 +28,13 @@ from vidpoll.policy import (
     AuthPause,
     MisroutedCreate,
     PollPolicy,
-    created_job_id,
     decide_submit,
     validate_key,
     validate_payload,
+)
+from vidpoll.providers.sume.rules import RULES as SUME
+from vidpoll.providers.sume.rules import (
+    created_job_id,
 )
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -49,7 +52,7 @@ def envelope(code: str, message: str = "msg") -> bytes:
 
 
 def decide(answer: HttpAnswer, errors: int = 0) -> SubmitOutcome | AuthPause:
-    return decide_submit(intent(errors), answer, NOW, POLICY, random.Random(1))
+    return decide_submit(intent(errors), answer, NOW, POLICY, random.Random(1), SUME)
 
 
 @pytest.mark.parametrize("body", [
@@ -142,7 +145,7 @@ def test_a_4xx_without_sumes_envelope_pauses_and_records_nothing(answer, kind, s
     # attempt counted, no unknown outcome recorded (issue 17)
     claimed = ClaimedIntent("k-1", uuid.uuid4(), {"prompt": "x"}, attempts=1,
                             consecutive_errors=0, state=state, outcome_unknown=state == UNKNOWN)
-    out = decide_submit(claimed, answer, NOW, POLICY, random.Random(1))
+    out = decide_submit(claimed, answer, NOW, POLICY, random.Random(1), SUME)
     assert isinstance(out, MisroutedCreate) and isinstance(out, AuthPause)
     assert out.http_status == answer.status and out.detail == f"HTTP {answer.status} ({kind})"
 
@@ -277,7 +280,7 @@ def _claim(attempts: int = 1):
 def test_result_fetch_outcomes(answer, state):
     from vidpoll.policy import decide_result
 
-    out = decide_result(_claim(), answer, NOW, POLICY, random.Random(1))
+    out = decide_result(_claim(), answer, NOW, POLICY, random.Random(1), SUME)
     assert out.state == state
     if answer.retry_after:
         assert out.delay_s == 7.0
@@ -289,11 +292,11 @@ def test_result_fetch_gives_up_after_many_tries_but_not_for_pacing():
     from vidpoll.policy import MAX_RESULT_ATTEMPTS, decide_result
 
     out = decide_result(_claim(MAX_RESULT_ATTEMPTS), HttpAnswer(409, b""), NOW, POLICY,
-                        random.Random(1))
+                        random.Random(1), SUME)
     assert out.state == "failed" and out.error and "gave up" in out.error
     # a 429 is pacing, never a used-up try; a refused key is one more try, not a pause
     paced = decide_result(_claim(MAX_RESULT_ATTEMPTS), HttpAnswer(429, b"", retry_after="5"),
-                          NOW, POLICY, random.Random(1))
+                          NOW, POLICY, random.Random(1), SUME)
     assert paced.state == "pending" and paced.delay_s == 5
     assert decide_result(_claim(), HttpAnswer(401, b""), NOW, POLICY,
-                         random.Random(1)).state == "pending"
+                         random.Random(1), SUME).state == "pending"

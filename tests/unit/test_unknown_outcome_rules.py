@@ -21,7 +21,13 @@ from vidpoll.models import (
     HttpAnswer,
     SubmitOutcome,
 )
-from vidpoll.policy import AuthPause, PollPolicy, decide_submit, unknown_resend_delay
+from vidpoll.policy import (
+    AuthPause,
+    PollPolicy,
+    decide_submit,
+    unknown_resend_delay,
+)
+from vidpoll.providers.sume.rules import RULES as SUME
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 POLICY = PollPolicy()
@@ -40,7 +46,7 @@ def envelope(code: str, message: str = "msg") -> bytes:
 
 def decide(claimed: ClaimedIntent, answer: HttpAnswer, policy: PollPolicy = POLICY,
            seed: int = 1) -> SubmitOutcome:
-    out = decide_submit(claimed, answer, NOW, policy, random.Random(seed))
+    out = decide_submit(claimed, answer, NOW, policy, random.Random(seed), SUME)
     assert isinstance(out, SubmitOutcome), out
     return out
 
@@ -101,7 +107,7 @@ def test_an_unknown_intent_answered_with_its_job_is_submitted():
 def test_a_refused_key_never_settles_an_unknown_intent():
     out = decide_submit(intent(state=UNKNOWN, outcome_unknown=True),
                         HttpAnswer(401, envelope("unauthorized")), NOW, POLICY,
-                        random.Random(1))
+                        random.Random(1), SUME)
     assert isinstance(out, AuthPause)
 
 

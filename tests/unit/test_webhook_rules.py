@@ -1,4 +1,5 @@
-"""Webhook signature, replay window and job id, without a server."""
+"""Webhook signature, replay window and job id (Sume's), and the shared refusal rules, without
+a server."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vidpoll.webhook import REJECT_REASONS, LogSampler, WebhookRejected, job_id_of, sign, verify
+from vidpoll.providers.base import WebhookHint
+from vidpoll.providers.sume.webhooks import WEBHOOKS, job_id_of, sign, verify_signature
+from vidpoll.webhook import REJECT_REASONS, LogSampler, WebhookRejected
 
 SECRET = "whsec-test"
 NOW = 1_800_000_000.0
@@ -22,8 +25,8 @@ def headers(ts: float = NOW, body: bytes = BODY, secret: str = SECRET) -> tuple[
 
 def test_a_signed_recent_delivery_passes():
     stamp, signature = headers()
-    verify(SECRET, stamp, signature, BODY, NOW)
-    verify(SECRET, stamp, f"v1=deadbeef, {signature}", BODY, NOW)  # a rotated secret
+    verify_signature(SECRET, stamp, signature, BODY, NOW)
+    verify_signature(SECRET, stamp, f"v1=deadbeef, {signature}", BODY, NOW)  # a rotated secret
 
 
 @pytest.mark.parametrize(("stamp", "signature", "body", "reason"), [
@@ -41,7 +44,7 @@ def test_forged_stale_or_malformed_deliveries_are_refused(stamp, signature, body
     if signature is None:  # signed correctly for BODY at that time: only the named fault
         signature = sign(SECRET, stamp, BODY)
     with pytest.raises(WebhookRejected, match=reason):
-        verify(SECRET, stamp, signature, body, NOW)
+        verify_signature(SECRET, stamp, signature, body, NOW)
 
 
 @pytest.mark.parametrize(("stamp", "signature", "body", "reason"), [
@@ -58,7 +61,7 @@ def test_each_refusal_names_one_of_the_fixed_reasons(stamp, signature, body, rea
     if signature is None:
         signature = sign(SECRET, stamp, BODY)
     with pytest.raises(WebhookRejected) as refused:
-        verify(SECRET, stamp, signature, body, NOW)
+        verify_signature(SECRET, stamp, signature, body, NOW)
     assert refused.value.reason == reason and reason in REJECT_REASONS
 
 
@@ -79,7 +82,37 @@ def test_the_log_sampler_lets_one_line_a_period_through_per_reason_and_counts_th
 def test_another_secret_is_refused():
     stamp, signature = headers(secret="someone-else")
     with pytest.raises(WebhookRejected):
-        verify(SECRET, stamp, signature, BODY, NOW)
+        verify_signature(SECRET, stamp, signature, BODY, NOW)
+
+
+def test_the_provider_interface_reads_the_headers_and_names_the_job_and_the_signed_value():
+    stamp, signature = headers()
+    sent = {"x-sume-timestamp": stamp, "X-SUME-SIGNATURE": f" v1=00 ,{signature}",
+            "X-Sume-Event-Id": " evt_1 "}  # any case, as HTTP; a plain dict too
+    assert WEBHOOKS.verify(sent, BODY, SECRET, NOW, 300.0) == WebhookHint(
+        job_id="vid_1", event_id="evt_1", dedupe=signature)  # the value that verified
+
+
+NO_JOB = json.dumps({"id": "evt_1"}).encode()  # an event's own id is no job id
+
+
+@pytest.mark.parametrize(("signed_for", "body", "event_id", "reason"), [
+    (None, BODY, "evt_1", "unsigned"),
+    (BODY, BODY + b" ", "evt_1", "signature"),
+    (NO_JOB, NO_JOB, "evt_1", "malformed"),  # signed, but names no job
+    (BODY, BODY, "  ", "malformed"),
+    (BODY, BODY, None, "malformed"),
+])
+def test_the_provider_interface_refuses_as_the_signature_rules_do(signed_for, body, event_id,
+                                                                  reason):
+    stamp = f"{NOW:.0f}"
+    sent = {} if signed_for is None else {"X-Sume-Timestamp": stamp,
+                                          "X-Sume-Signature": sign(SECRET, stamp, signed_for)}
+    if event_id is not None:
+        sent["X-Sume-Event-Id"] = event_id
+    with pytest.raises(WebhookRejected) as refused:
+        WEBHOOKS.verify(sent, body, SECRET, NOW, 300.0)
+    assert refused.value.reason == reason
 
 
 @pytest.mark.parametrize(("body", "job_id"), [

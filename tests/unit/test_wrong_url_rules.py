@@ -14,8 +14,13 @@ import pytest
 
 from vidpoll import policy
 from vidpoll.models import GAVE_UP, NOT_FOUND, PENDING, ClaimedJob, ErrorClass, HttpAnswer, Outcome
-from vidpoll.policy import AuthPause, PollPolicy, decide
+from vidpoll.policy import (
+    AuthPause,
+    PollPolicy,
+    decide,
+)
 from vidpoll.providers.sume.client import SumeClient
+from vidpoll.providers.sume.rules import RULES as SUME
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 POLICY = PollPolicy()
@@ -66,7 +71,7 @@ def test_a_4xx_without_the_envelope_pauses_the_account_and_never_counts_as_not_f
         answer: HttpAnswer, kind: str, not_found_count: int) -> None:
     # the 8th 404 (not_found_count 7) ends a job as not_found today: not when no provider said it
     result = decide(job(not_found_count=not_found_count), answer, NOW, POLICY,
-                    random.Random(0))
+                    random.Random(0), SUME)
     assert isinstance(result, AuthPause), result  # the refused key's path: rows untouched
     assert isinstance(result, policy.Misrouted)
     assert result.http_status == answer.status
@@ -81,7 +86,7 @@ def test_a_4xx_without_the_envelope_pauses_the_account_and_never_counts_as_not_f
 
 def test_a_misrouted_answer_past_the_deadline_is_still_a_pause() -> None:
     result = decide(job(age_s=POLICY.max_age_s * 2), HttpAnswer(404, b"404: Not Found"), NOW,
-                    POLICY, random.Random(0))
+                    POLICY, random.Random(0), SUME)
     assert isinstance(result, policy.Misrouted)
     assert result.row_outcome.state == GAVE_UP  # only if it is about this row alone
 
@@ -105,7 +110,7 @@ def test_a_misrouted_answer_past_the_deadline_is_still_a_pause() -> None:
 def test_enveloped_and_retryable_answers_keep_their_rules(answer: HttpAnswer,
                                                           error_class: ErrorClass,
                                                           state: str) -> None:
-    result = decide(job(not_found_count=7), answer, NOW, POLICY, random.Random(0))
+    result = decide(job(not_found_count=7), answer, NOW, POLICY, random.Random(0), SUME)
     assert isinstance(result, Outcome) and not isinstance(result, policy.Misrouted)
     assert result.error_class is error_class and result.state == state
 
@@ -113,7 +118,7 @@ def test_enveloped_and_retryable_answers_keep_their_rules(answer: HttpAnswer,
 @pytest.mark.parametrize("status", [401, 403])
 @pytest.mark.parametrize("body", [b"", b"<html>Forbidden</html>", envelope("unauthorized")])
 def test_a_refused_key_stays_a_refused_key(status: int, body: bytes) -> None:
-    result = decide(job(), HttpAnswer(status, body), NOW, POLICY, random.Random(0))
+    result = decide(job(), HttpAnswer(status, body), NOW, POLICY, random.Random(0), SUME)
     assert isinstance(result, AuthPause) and not isinstance(result, policy.Misrouted)
 
 
@@ -139,7 +144,7 @@ def test_a_refused_key_stays_a_refused_key(status: int, body: bytes) -> None:
     (HttpAnswer(429, b""), "unsure"),
 ])
 def test_probe_verdict(answer: HttpAnswer, verdict: str) -> None:
-    assert policy.probe_verdict(answer) == verdict
+    assert policy.probe_verdict(answer, SUME) == verdict
 
 
 def test_the_url_shown_for_a_status_read_has_no_credentials_query_or_key() -> None:
@@ -162,7 +167,7 @@ def test_is_not_api(answer: HttpAnswer, not_api: bool) -> None:
     assert policy.is_not_api(answer) is not_api
     # decide keeps such answers one row's error with backoff (never a pause, never not_found)
     if not_api:
-        result = decide(job(), answer, NOW, POLICY, random.Random(0))
+        result = decide(job(), answer, NOW, POLICY, random.Random(0), SUME)
         assert isinstance(result, Outcome) and result.state == PENDING and not result.read_ok
 
 

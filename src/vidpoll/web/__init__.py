@@ -1,5 +1,6 @@
-"""`vidpoll serve`: one small aiohttp server with Sume's webhooks (a hint that makes a job due
-now), the dashboard (vidpoll.web.dashboard), Prometheus metrics, /healthz and /readyz.
+"""`vidpoll serve`: one small aiohttp server with the providers' webhooks (a hint that makes a
+job due now: vidpoll.web.webhooks), the dashboard (vidpoll.web.dashboard), Prometheus metrics,
+/healthz and /readyz.
 `vidpoll worker --metrics-port` serves only the metrics and health routes (`metrics_app`)."""
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from vidpoll import metrics
 from vidpoll.config import ProxyNetwork
 from vidpoll.errors import DatabaseUnavailable, SchemaError
+from vidpoll.providers import registry
+from vidpoll.providers.registry import DEFAULT_PROVIDER
 from vidpoll.store import PgStore
 from vidpoll.web.dashboard import FailureLimiter, Guard, setup_dashboard
 from vidpoll.web.figures import TableFigures, read_figures
-from vidpoll.web.webhooks import PRUNE_EVERY_S, setup_webhooks
+from vidpoll.web.webhooks import PRUNE_EVERY_S, WebhookSecrets, secrets_of, setup_webhooks
 from vidpoll.webhook import DEFAULT_TOLERANCE_S, MAX_BODY_BYTES, REJECT_LOG_EVERY_S
 
 log = logging.getLogger(__name__)
@@ -50,7 +53,7 @@ def export_figures(figures: TableFigures, now_s: float) -> None:
     metrics.OLDEST_DUE.set(figures.oldest_late_s)
 
 
-def make_app(store: PgStore, webhook_secret: str | None,
+def make_app(store: PgStore, webhook_secrets: WebhookSecrets | str | None,
              tolerance_s: float = DEFAULT_TOLERANCE_S,
              clock: Callable[[], float] = time.time, *, dashboard: bool = True,
              dashboard_token: str | None = None,
@@ -62,7 +65,10 @@ def make_app(store: PgStore, webhook_secret: str | None,
              webhook_events_retention_s: float | None = None,
              webhook_prune_every_s: float = PRUNE_EVERY_S,
              webhook_log_every_s: float = REJECT_LOG_EVERY_S) -> web.Application:
-    """The application; without a webhook secret the webhook route answers 503.
+    """The application. `webhook_secrets`: provider name -> its webhook secret(s), the
+    providers whose POST /webhooks/<name> this app serves (503 for one without a secret, 404
+    for any other name; ConfigError for a name the registry does not know); a bare secret, or
+    None, is the default provider's (`{DEFAULT_PROVIDER: webhook_secrets}`), as before providers.
 
     `loopback_only`: the server is bound to loopback and has no token, so the dashboard
     answers only to a loopback Host header. `metrics_token`: /metrics and /readyz need it (or
@@ -72,12 +78,14 @@ def make_app(store: PgStore, webhook_secret: str | None,
     dashboard and metrics tokens (default ones). `trusted_proxies`: the peers whose
     X-Forwarded-For names the client a budget is kept for (VIDPOLL_TRUSTED_PROXIES).
     `webhook_events_retention_s`: as Settings.webhook_events_retention_s (None: the replay
-    window plus an hour; inf: never); with a secret, webhook events older than that are
+    window plus an hour; inf: never); with any secret, webhook events older than that are
     deleted at start and every `webhook_prune_every_s` (vidpoll.web.webhooks)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[STORE] = store
 
-    setup_webhooks(app, store, webhook_secret, tolerance_s=tolerance_s, clock=clock,
+    if webhook_secrets is None or isinstance(webhook_secrets, str):
+        webhook_secrets = {DEFAULT_PROVIDER: webhook_secrets}
+    setup_webhooks(app, store, webhook_secrets, tolerance_s=tolerance_s, clock=clock,
                    retention_s=webhook_events_retention_s,
                    prune_every_s=webhook_prune_every_s, log_every_s=webhook_log_every_s)
     guard = Guard(dashboard_token, loopback_only, sessions=store, metrics_token=metrics_token,
@@ -86,8 +94,9 @@ def make_app(store: PgStore, webhook_secret: str | None,
     app[GUARD] = guard
     add_health_and_metrics(app, store, guard=guard, scrapes=not metrics_apart)
     if dashboard:
-        setup_dashboard(app, store, guard, secrets=[s for s in (webhook_secret, metrics_token)
-                                                    if s])
+        setup_dashboard(app, store, guard, secrets=[
+            *(s for given in webhook_secrets.values() for s in secrets_of(given)),
+            *((metrics_token,) if metrics_token else ())])
     return app
 
 
@@ -107,12 +116,15 @@ def add_health_and_metrics(app: web.Application, store: PgStore,
                            public: bool = True, scrapes: bool = True) -> None:
     """/healthz (the process answers), /readyz (database reachable, schema current) and
     /metrics (this process's counters and, with `table_gauges`, the table's figures read at
-    scrape time: exact pending and due counts, estimated finished ones on a big table).
+    scrape time: exact pending and due counts, estimated finished ones on a big table). Every
+    provider's terminal words are state labels (any other word is `other`).
 
     `guard`: who may read /metrics and /readyz (Guard.scrape_refusal; None: anyone);
     `public`: this is the dashboard's port (not a `--metrics-port` listener); `scrapes`:
     False leaves /metrics and /readyz out (they are on a listener of their own). /healthz is
     always open: a liveness probe carries no token."""
+    for name in registry.names():
+        metrics.know_states(registry.load(name).rules.words)
     refreshed = [0.0]
 
     async def refusal(request: web.Request) -> web.StreamResponse | None:

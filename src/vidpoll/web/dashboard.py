@@ -54,13 +54,12 @@ from vidpoll.models import (
     SUBMITTED,
     UNKNOWN,
 )
+from vidpoll.providers import registry
 from vidpoll.store import InvalidCursor, PgStore
 from vidpoll.web.figures import COUNT_CAP_ROWS, EXACT_ROWS, STUCK_WALK_ROWS, read_figures
 
 SESSION_COOKIE = "vidpoll_session"
 PAGE_SIZES = (25, 50, 100, 200)
-STATES = ("pending", "finished", "completed", "failed", "canceled", "expired", "gave_up",
-          "not_found")
 LOOPBACK_HOST = re.compile(r"(127\.0\.0\.1|localhost|\[::1\])(:\d{1,5})?", re.IGNORECASE)
 SESSION_MAX_AGE_S = 12 * 3600
 FORWARDED_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real-IP")
@@ -471,7 +470,7 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
     env.filters["ago"] = _ago
     env.filters["q"] = lambda v: quote(str(v), safe="")
     env.filters["n"] = lambda v: f"{v:,}"  # 9,405,000: readable at 10M rows
-    env.globals["STATES"] = STATES
+    env.globals["STATES"] = states = registry.job_states()
 
     def render(request: web.Request, name: str, status: int = 200,
                headers: Mapping[str, str] | None = None, **context: Any) -> web.Response:
@@ -535,7 +534,7 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
     async def jobs(request: web.Request) -> web.Response:
         state = request.query.get("state") or None
         account = request.query.get("account") or None
-        if state is not None and state not in STATES:
+        if state is not None and state not in states:
             raise web.HTTPBadRequest(text=f"unknown state {state!r}")
         try:
             limit = int(request.query.get("limit", "50"))

@@ -1,12 +1,18 @@
-"""POST /webhooks/sume (a hint that makes a job due now) and the pruning of the events that
-recognise a repeat delivery, both part of `vidpoll serve` (vidpoll.web.make_app).
+"""POST /webhooks/{provider} (a hint that makes a job due now) and the pruning of the events
+that recognise a repeat delivery, both part of `vidpoll serve` (vidpoll.web.make_app).
+
+One route serves every provider: the path names it (`/webhooks/<name>`), the registry finds
+it, and its `webhooks` (vidpoll.providers.base.Webhooks) verify the delivery and name its
+job; this module knows no provider's headers. A provider is served when the caller gives its
+secret(s) (`setup_webhooks`' `secrets`, provider name -> secret(s)); a path naming any other
+is a 404, refused like a forged delivery.
 
 Anyone who can reach the server can send deliveries, so a refused one costs no database work,
 no row and at most one log line per reason a minute (vidpoll.webhook.LogSampler); each is
 counted in vidpoll_webhooks_rejected_total{reason}. A signed delivery is recorded once
-however it is replayed (the value that verified is unique, migration 0005); serve deletes
-the records once they are older than the replay window plus a margin, so the table holds
-about an hour of deliveries, not all of them for ever.
+however it is replayed (the value the provider says it is known by is unique, migration 0005);
+serve deletes the records once they are older than the replay window plus a margin, so the
+table holds about an hour of deliveries, not all of them for ever.
 """
 
 from __future__ import annotations
@@ -15,13 +21,16 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from aiohttp import web
 
 from vidpoll import metrics
 from vidpoll.config import WEBHOOK_RETENTION_MARGIN_S, check_webhook_retention, webhook_replay_s
-from vidpoll.errors import DatabaseUnavailable
+from vidpoll.errors import ConfigError, DatabaseUnavailable
+from vidpoll.providers import registry
+from vidpoll.providers.base import WebhookHint, Webhooks
 from vidpoll.runner import Signals
 from vidpoll.store import PgStore
 from vidpoll.webhook import (
@@ -32,8 +41,6 @@ from vidpoll.webhook import (
     LogSampler,
     RejectReason,
     WebhookRejected,
-    job_id_of,
-    verify,
 )
 
 log = logging.getLogger(__name__)
@@ -107,15 +114,73 @@ WEBHOOK_PRUNER = web.AppKey("webhook_pruner", WebhookEventPruner)
 """The app's pruner, when it has one (tests wait on its signals)."""
 
 
-def setup_webhooks(app: web.Application, store: PgStore, secret: str | None, *,
+WebhookSecrets = Mapping[str, str | Sequence[str] | None]
+"""Provider name -> its webhook secret(s), what `setup_webhooks` serves: several when several
+accounts of the provider (or a rotation on vidpoll's side) sign with different ones; None or
+empty: the provider's route answers 503."""
+
+
+def secrets_of(given: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The non-empty secrets in one entry of WebhookSecrets."""
+    if given is None or isinstance(given, str):
+        return (given,) if given else ()
+    return tuple(s for s in given if s)
+
+
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """A provider whose deliveries this server takes."""
+
+    webhooks: Webhooks
+    secrets: tuple[str, ...]
+    unset: str
+    """The 503's error while it has no secret (the setting that would give one)."""
+
+
+def served_providers(secrets: WebhookSecrets) -> dict[str, _Served]:
+    """The providers `secrets` names, found in the registry: ConfigError for a name it does
+    not know, or for a secret given to a provider that has no webhooks."""
+    served: dict[str, _Served] = {}
+    for name, given in secrets.items():
+        provider = registry.load(name)
+        hooks, own = provider.webhooks, secrets_of(given)
+        if hooks is None:
+            if own:
+                raise ConfigError(f"provider {name!r} has no webhooks, but a webhook secret "
+                                  "was given for it")
+            continue
+        served[name] = _Served(hooks, own, f"{provider.env_prefix}_WEBHOOK_SECRET is not set")
+    return served
+
+
+def verify_any(hooks: Webhooks, secrets: Sequence[str], headers: Mapping[str, str],
+               body: bytes, now_s: float, tolerance_s: float) -> WebhookHint:
+    """What `hooks` reads from a delivery signed with any of `secrets`; the refusal otherwise.
+    Only a wrong signature depends on the secret: any other refusal (unsigned, stale, or
+    signed but malformed) is the same for every one, so it ends the search."""
+    refused: WebhookRejected | None = None
+    for secret in secrets:
+        try:
+            return hooks.verify(headers, body, secret, now_s, tolerance_s)
+        except WebhookRejected as exc:
+            if exc.reason != "signature":
+                raise
+            refused = exc
+    assert refused is not None  # a served provider without a secret answered 503 before
+    raise refused
+
+
+def setup_webhooks(app: web.Application, store: PgStore, secrets: WebhookSecrets, *,
                    tolerance_s: float = DEFAULT_TOLERANCE_S,
                    clock: Callable[[], float] = time.time,
                    retention_s: float | None = None,
                    prune_every_s: float = PRUNE_EVERY_S,
                    log_every_s: float = REJECT_LOG_EVERY_S) -> WebhookEventPruner | None:
-    """Add POST /webhooks/sume to `app` (503 without a secret) and, with a secret and a
-    retention (`retention_s` as retention_in_force reads it), the pruner (app[WEBHOOK_PRUNER]),
-    started and stopped with the app; returns the pruner."""
+    """Add POST /webhooks/{provider} to `app` for each provider `secrets` names (503 for one
+    without a secret; 404 for any other name) and, with a secret and a retention
+    (`retention_s` as retention_in_force reads it), the pruner (app[WEBHOOK_PRUNER]), started
+    and stopped with the app; returns the pruner. ConfigError as served_providers says."""
+    providers = served_providers(secrets)
     sampler = LogSampler(log_every_s)
     for reason in REJECT_REASONS:  # every reason exported from the start, at 0
         metrics.WEBHOOKS_REJECTED.labels(reason)
@@ -130,8 +195,13 @@ def setup_webhooks(app: web.Application, store: PgStore, secret: str | None, *,
         return web.json_response({"error": answer}, status=status)
 
     async def webhook(request: web.Request) -> web.Response:
-        if not secret:
-            return web.json_response({"error": "SUME_WEBHOOK_SECRET is not set"}, status=503)
+        name = request.match_info["provider"]
+        served = providers.get(name)
+        if served is None:  # the name is the caller's: never logged
+            return refuse("unknown_provider", "no provider of that name takes webhooks here",
+                          404, "no such webhook")
+        if not served.secrets:
+            return web.json_response({"error": served.unset}, status=503)
         too_large = f"body larger than {MAX_BODY_BYTES} bytes"
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
             # refused on its header, never read into memory (aiohttp discards what follows
@@ -143,32 +213,30 @@ def setup_webhooks(app: web.Application, store: PgStore, secret: str | None, *,
         except web.HTTPRequestEntityTooLarge:
             return refuse("too_large", "chunked body cut off at the limit", 413, too_large)
         try:
-            # the value that matched, not the raw header: a repeat re-spaced, re-ordered or
-            # padded with other values is still the same signed delivery
-            signed = verify(secret, request.headers.get("X-Sume-Timestamp"),
-                            request.headers.get("X-Sume-Signature"), body, clock(),
-                            tolerance_s)
+            hint = verify_any(served.webhooks, served.secrets, request.headers, body, clock(),
+                              tolerance_s)
         except WebhookRejected as exc:
+            if exc.reason == "malformed":  # signed: the sender may hear what is missing
+                return refuse(exc.reason, str(exc), 400, str(exc))
             return refuse(exc.reason, str(exc), 401, "invalid signature or timestamp")
-        event_id = request.headers.get("X-Sume-Event-Id", "").strip()
-        job_id = job_id_of(body)
-        if not event_id or job_id is None:
-            return refuse("malformed", "no X-Sume-Event-Id or no job id in the body", 400,
-                          "need X-Sume-Event-Id and a job id in the body")
         try:
-            effect, made_due = await store.receive_webhook(event_id[:200], job_id, signed)
+            # hint.dedupe, not a raw header: a repeat re-spaced, re-ordered or padded with
+            # other values is still the same signed delivery
+            effect, made_due = await store.receive_webhook(hint.event_id[:200], hint.job_id,
+                                                           hint.dedupe)
         except DatabaseUnavailable:
-            # Sume retries a delivery that failed; polling finds the state meanwhile anyway
+            # providers retry a delivery that failed; polling finds the state meanwhile anyway
             return web.json_response({"error": "database unavailable"}, status=503)
         if effect is None:
-            return web.json_response({"status": "duplicate"})  # 2xx: Sume stops resending
+            return web.json_response({"status": "duplicate"})  # 2xx: the sender stops resending
         if effect == "unknown":
-            log.info("webhook for a job vidpoll does not track: %s (event %s)", job_id, event_id)
+            log.info("webhook from %s for a job vidpoll does not track: %s (event %s)", name,
+                     hint.job_id, hint.event_id)
         return web.json_response({"status": effect, "made_due": made_due})
 
-    app.router.add_post("/webhooks/sume", webhook)
+    app.router.add_post("/webhooks/{provider}", webhook)
     older_than_s = retention_in_force(retention_s, tolerance_s)
-    if not secret or older_than_s is None:
+    if not any(p.secrets for p in providers.values()) or older_than_s is None:
         return None
     pruner = app[WEBHOOK_PRUNER] = WebhookEventPruner(store, older_than_s, prune_every_s)
 

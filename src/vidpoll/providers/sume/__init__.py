@@ -1,1 +1,47 @@
-"""Sume: the provider of the seed document (client, answers' meaning, webhooks, fake)."""
+"""Sume: the provider of the seed document (client, answers' meaning, webhooks, fake).
+
+`PROVIDER` is what `vidpoll.providers.registry.load("sume")` returns. Its parts are imported
+when first used: a command that reads no answer never loads the HTTP client.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vidpoll.providers.base import Client, Rules, Webhooks
+
+DEFAULT_BASE_URL = "https://api.sume.com"
+
+
+class SumeProvider:
+    """Sume behind the provider interface (`vidpoll.providers.base.Provider`)."""
+
+    name = "sume"
+    title = "Sume"
+    default_base_url = DEFAULT_BASE_URL
+    env_prefix = "SUME"
+    """The single-account settings without a config file: SUME_API_KEY, SUME_BASE_URL,
+    SUME_API_KEY_<ACCOUNT>, SUME_WEBHOOK_SECRET (as the seed and every earlier release)."""
+
+    @property
+    def rules(self) -> Rules:
+        from vidpoll.providers.sume.rules import RULES
+        return RULES
+
+    @property
+    def webhooks(self) -> Webhooks | None:
+        from vidpoll.providers.sume.webhooks import WEBHOOKS
+        return WEBHOOKS
+
+    def client(self, base_url: str, api_key: str, *, timeout_s: float,
+               max_connections: int) -> Client:
+        from vidpoll.providers.sume.client import SumeClient
+        return SumeClient(base_url, api_key, timeout_s=timeout_s,
+                          max_connections=max_connections)
+
+    def __repr__(self) -> str:
+        return "<provider sume>"
+
+
+PROVIDER = SumeProvider()

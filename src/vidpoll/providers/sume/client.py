@@ -1,6 +1,7 @@
 """The Sume HTTP client: the only module that talks HTTP to the provider.
 
-It never interprets an answer beyond transport (that is vidpoll.policy's job) and never logs
+It never interprets an answer beyond transport (that is `rules`, applied by vidpoll.policy's
+generic rules) and never logs
 headers, so the API key cannot leak through it.
 """
 
@@ -13,6 +14,7 @@ import functools
 import html.entities
 import json
 import re
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
@@ -21,6 +23,7 @@ from yarl import URL
 
 from vidpoll.media import job_path_segment, map_strings, may_hold_url, redact_urls, shown_url
 from vidpoll.models import ErrorClass, HttpAnswer
+from vidpoll.providers.sume.rules import RULES
 
 DEFAULT_BASE_URL = "https://api.sume.com"
 DEFAULT_STATUS_PATH = "/v1/jobs/{job_id}/status"
@@ -53,7 +56,10 @@ def _job_url(base: str, job_id: str, path: str) -> URL:
 
 
 class SumeClient:
-    """Async client for Sume's job endpoints with a short total timeout per call."""
+    """Async client for Sume's job endpoints with a short total timeout per call
+    (`vidpoll.providers.base.Client`)."""
+
+    rules = RULES
 
     def __init__(self, base_url: str, api_key: str, *, timeout_s: float = 15.0,
                  max_connections: int = 100, status_path: str = DEFAULT_STATUS_PATH,
@@ -101,6 +107,10 @@ class SumeClient:
         and path only (never credentials, a query string or the key, which is a header)."""
         return shown_url(str(_job_url(self._base, job_id, self._status_path)))
 
+    def media_headers(self) -> Mapping[str, str]:
+        """Sume's media links are signed: a download carries no header of the account."""
+        return {}
+
     def shown_create_url(self) -> str:
         """The create URL (POST) as logs show it: scheme, host, port and path only."""
         return shown_url(self._base + self._create_path)
@@ -117,8 +127,10 @@ class SumeClient:
         return await self._call("GET", _job_url(self._base, job_id, DEFAULT_RESULT_PATH),
                                 keep_links=True)
 
-    async def create_video(self, payload: dict[str, Any], idempotency_key: str) -> HttpAnswer:
-        """POST a new render with our own Idempotency-Key (the paid call)."""
+    async def create_video(self, payload: dict[str, Any], idempotency_key: str,
+                           model: str | None = None) -> HttpAnswer:
+        """POST a new render with our own Idempotency-Key (the paid call). Sume's creates
+        name no model (`rules.takes_model`): the body says everything."""
         url = URL(self._base + self._create_path, encoded=True)
         # a 2xx is kept whole but for the key: its job id is read as sent, whatever it holds
         return await self._call("POST", url, data=json.dumps(payload).encode(),

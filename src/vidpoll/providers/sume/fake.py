@@ -35,7 +35,7 @@ import aiohttp
 from aiohttp import web
 
 from vidpoll.media import job_path_segment
-from vidpoll.webhook import sign
+from vidpoll.providers.sume.webhooks import sign
 
 TERMINAL = ("completed", "failed", "canceled", "expired")
 STATUS_SHAPES = ("seed", "data", "data.sume_status", "data.job", "job", "status")

@@ -1,4 +1,5 @@
--- Webhook events' housekeeping by `vidpoll serve` (the events themselves: queries.sql, 0005).
+-- Webhook events' housekeeping by `vidpoll serve` (the events themselves: jobs.sql, 0005;
+-- their pruning by `jobs prune`: retention.sql).
 
 -- name: may_delete_webhook_events
 -- Whether this role may delete webhook events: `vidpoll serve` prunes the old ones itself

@@ -1,0 +1,5 @@
+"""`python -m vidpoll.cli`: the `vidpoll` command."""
+
+from vidpoll.cli import main
+
+main()

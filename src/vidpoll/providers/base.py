@@ -1,0 +1,195 @@
+"""What every provider implements: the one seam between vidpoll's core and a provider.
+
+The core (worker, submitter, deliveries, store, the generic rules in `policy`) imports this
+module and never a provider's own: a provider is found by name (`registry.load`) from an
+account's configuration. A provider is one folder, `vidpoll/providers/<name>/`, whose
+`__init__.py` defines `PROVIDER`, an object with the attributes of `Provider` below.
+
+What differs between providers, and where it is said:
+- creating: `Client.create_video` (request shape, headers) and `Rules.idempotency_header` (whether a
+  create may be sent again with the same key; None: it may not, an unknown create is
+  reconciled from the provider's own records, never re-sent blindly);
+- reading a job: `Client.read_status` (the HTTP) and `Rules.read_status` (what a 2xx body
+  says: `Pending` with the provider's hint, `Terminal` with its word and a neutral outcome, or
+  `Unreadable`), `Rules.error_code` (the provider's own error envelope: a 4xx without one was
+  sent by something else, a wrong URL or a proxy, and pauses the account instead of ending a
+  job);
+- results: `Rules.result_source` (inline in the status body, or a separate call after success,
+  `Client.read_result`, with `Rules.result_not_ready` for the provider's "not yet");
+- media: `Client.media_headers` (what a download from the API's own origin must carry);
+- webhooks: `Provider.webhooks` (verify a delivery and name its job), None when it has none;
+- rate limits: `Rules.rate_limit_headers`; polling: `Rules.min_poll_s`, the default floor.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal, Protocol
+
+from vidpoll.models import SUCCEEDED as SUCCEEDED
+from vidpoll.models import HttpAnswer
+
+NeutralOutcome = Literal["succeeded", "failed", "canceled", "expired"]
+"""How a render ended, in every provider's terms: what results, deliveries, hooks, metrics and
+the dashboard go by. `state` keeps the provider's own word, lower-cased."""
+NEUTRAL_OUTCOMES: tuple[NeutralOutcome, ...] = ("succeeded", "failed", "canceled", "expired")
+
+
+class ResultSource(enum.StrEnum):
+    """Where a succeeded job's result (its media links and metadata) comes from."""
+
+    INLINE = "inline"
+    """The status answer that said the job succeeded holds it: no further call."""
+    SEPARATE = "separate"
+    """A call of its own after success (`Client.read_result`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """Not finished: read again after the provider's hint (raw, as it came; None: none)."""
+
+    word: str | None
+    hint: Any = None
+    known: bool = True
+    """False for a word the provider is not known to send while a job runs (the worker logs
+    each such word once, and keeps polling)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Terminal:
+    """Finished: `word` is the provider's own word (lower-cased, kept as `state`)."""
+
+    word: str
+    outcome: NeutralOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A 2xx answer that says nothing usable: an error of the row, retried with backoff."""
+
+    why: str
+
+
+StatusView = Pending | Terminal | Unreadable
+
+
+class Rules(Protocol):
+    """A provider's answers and words. Pure: no I/O, cheap (runs on every read)."""
+
+    @property
+    def result_source(self) -> ResultSource: ...
+    @property
+    def idempotency_header(self) -> str | None:
+        """The header that makes a create safe to send again with the same key; None when
+        the provider documents none."""
+    @property
+    def takes_model(self) -> bool:
+        """Whether a create names a model (`submit --model`): required when True, refused
+        when False (a provider whose request body says everything)."""
+    @property
+    def min_poll_s(self) -> float:
+        """The default floor between two reads of one job."""
+    @property
+    def rate_limit_headers(self) -> tuple[str, str]:
+        """The headers (remaining, reset) the provider sends about its rate limit."""
+    @property
+    def words(self) -> Mapping[str, NeutralOutcome]:
+        """Every terminal word the provider is known to send, and its outcome. `migrate`
+        writes them to `vidpoll_outcome_words`, so rows finished by a writer that sets no
+        outcome (the seed's own loop, an older worker) get one."""
+
+    def read_status(self, body: dict[str, Any]) -> StatusView:
+        """What a 2xx status answer (a JSON object) says."""
+
+    def error_code(self, body: dict[str, Any] | None) -> tuple[str | None, str | None]:
+        """(code, message) of the provider's own error envelope; (None, None) when the body
+        is not one (then a 4xx came from something else: a wrong URL, a proxy)."""
+
+    def created_job_id(self, body: dict[str, Any] | None) -> str | None:
+        """The job id in a 2xx answer to a create; None when it holds none."""
+
+    def result_not_ready(self, answer: HttpAnswer, code: str | None) -> bool:
+        """Whether a result call's non-2xx answer means "not yet" (try again later)."""
+
+    def media_urls(self, result: Any) -> list[str]:
+        """The media files' URLs in a succeeded job's result, in order, without repeats
+        (vidpoll.media.media_urls finds those under `url`-like keys)."""
+
+
+class Client(Protocol):
+    """One account's HTTP to its provider. Every failure comes back as an HttpAnswer, never
+    raised; bodies come back scrubbed of the key (and status bodies of signed links)."""
+
+    base_url: str
+    key_problem: str | None
+    """Why the key cannot be sent (then every call answers so without sending); None."""
+    @property
+    def rules(self) -> Rules:
+        """The provider's rules, which the loops apply to this client's answers."""
+
+    async def __aenter__(self) -> Client: ...
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None: ...
+    async def close(self) -> None: ...
+
+    async def read_status(self, job_id: str) -> HttpAnswer: ...
+    async def read_result(self, job_id: str) -> HttpAnswer: ...
+    async def create_video(self, payload: dict[str, Any], idempotency_key: str,
+                           model: str | None = None) -> HttpAnswer:
+        """The paid call (the key goes in `rules.idempotency_header` when there is one;
+        `model` as `submit --model` named it, for a provider whose creates name one)."""
+
+    def shown_status_url(self, job_id: str) -> str:
+        """A read's URL as logs show it: scheme, host, port and path only."""
+
+    def shown_create_url(self) -> str: ...
+
+    def media_headers(self) -> Mapping[str, str]:
+        """Headers a media download from the API's own origin must carry (the provider's auth
+        when its file URLs need it); never sent to any other host."""
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookHint:
+    """A verified webhook delivery: which job to read now, and the value it is known by
+    (a repeat carries the same one)."""
+
+    job_id: str
+    event_id: str
+    dedupe: str
+
+
+class Webhooks(Protocol):
+    """A provider's webhook deliveries: only ever a hint to read a job now."""
+
+    def verify(self, headers: Mapping[str, str], body: bytes, secret: str, now_s: float,
+               tolerance_s: float) -> WebhookHint:
+        """Raise `vidpoll.webhook.WebhookRejected` unless the delivery is provably the
+        provider's and recent."""
+
+
+class Provider(Protocol):
+    """A provider, as an account names it (`provider = "<name>"`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def title(self) -> str:
+        """The name as people write it, for messages ("Sume")."""
+    @property
+    def default_base_url(self) -> str: ...
+    @property
+    def env_prefix(self) -> str:
+        """The prefix of the settings that work without a config file: `<PREFIX>_API_KEY`,
+        `<PREFIX>_BASE_URL`, `<PREFIX>_API_KEY_<ACCOUNT>`, `<PREFIX>_WEBHOOK_SECRET`."""
+    @property
+    def rules(self) -> Rules: ...
+    @property
+    def webhooks(self) -> Webhooks | None: ...
+
+    def client(self, base_url: str, api_key: str, *, timeout_s: float,
+               max_connections: int) -> Client:
+        """A client for one account (entered with `async with`)."""

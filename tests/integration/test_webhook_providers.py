@@ -1,0 +1,179 @@
+"""One webhook route for every provider: a toy provider registered from this module, with a
+signature scheme of its own, gets its jobs read at once through POST /webhooks/toy, beside
+Sume's on the same app, with no change to vidpoll.web; a name no provider answers to is a 404,
+counted like any other refusal. Real aiohttp app on loopback, real PostgreSQL."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+import aiohttp
+import pytest
+
+from vidpoll import metrics
+from vidpoll.errors import ConfigError
+from vidpoll.providers import registry
+from vidpoll.providers.base import WebhookHint
+from vidpoll.providers.sume.webhooks import sign
+from vidpoll.store import PgStore
+from vidpoll.web import make_app, start_server
+from vidpoll.webhook import WebhookRejected
+
+SUME_SECRET = "whsec-providers"
+TOY_SECRETS = ["toy-old", "toy-new"]  # two accounts of the toy provider, each its own secret
+
+
+def toy_signature(secret: str, body: bytes) -> str:
+    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+class ToyWebhooks:
+    """`X-Toy-Signature: <hex HMAC-SHA256 of the body>`; the body says `{"job", "event"}`."""
+
+    def verify(self, headers: Mapping[str, str], body: bytes, secret: str, now_s: float,
+               tolerance_s: float) -> WebhookHint:
+        offered = headers.get("X-Toy-Signature", "").strip()
+        if not offered:
+            raise WebhookRejected("unsigned", "missing X-Toy-Signature")
+        if not hmac.compare_digest(offered.encode(), toy_signature(secret, body).encode()):
+            raise WebhookRejected("signature", "signature does not match")
+        value = json.loads(body)  # signed: the toy's own JSON
+        if not (isinstance(value, dict) and isinstance(value.get("job"), str)
+                and isinstance(value.get("event"), str)):
+            raise WebhookRejected("malformed", "toy wants a job and an event")
+        return WebhookHint(job_id=value["job"], event_id=value["event"], dedupe=offered)
+
+
+class Toy:
+    """A provider with webhooks and nothing else this module needs."""
+
+    def __init__(self, name: str, webhooks: ToyWebhooks | None) -> None:
+        self.name = name
+        self.default_base_url = "http://127.0.0.1:9"
+        self.env_prefix = name.upper()
+        self.rules = SimpleNamespace(words={})
+        self.webhooks = webhooks
+
+    def client(self, *args: object, **kwargs: object) -> object:
+        raise NotImplementedError
+
+
+@pytest.fixture
+def toys() -> Iterator[None]:
+    registry.register(Toy("toy", ToyWebhooks()))
+    registry.register(Toy("quiet", None))  # a provider without webhooks
+    try:
+        yield
+    finally:
+        registry.unregister("toy")
+        registry.unregister("quiet")
+
+
+@pytest.fixture
+async def server(store: PgStore, toys: None) -> AsyncIterator[str]:
+    app = make_app(store, {"sume": SUME_SECRET, "toy": TOY_SECRETS, "quiet": None})
+    runner, url = await start_server(app, "127.0.0.1", 0)
+    yield url
+    await runner.cleanup()
+
+
+def rejected(reason: str) -> float:
+    value = metrics.REGISTRY.get_sample_value("vidpoll_webhooks_rejected_total",
+                                              {"reason": reason})
+    return value or 0.0
+
+
+async def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, object]]:
+    async with aiohttp.ClientSession() as http, http.post(url, data=body,
+                                                          headers=headers) as resp:
+        return resp.status, await resp.json()
+
+
+async def to_toy(url: str, job: str, event: str, secret: str) -> tuple[int, dict[str, object]]:
+    body = json.dumps({"job": job, "event": event}).encode()
+    return await post(f"{url}/webhooks/toy", body,
+                      {"X-Toy-Signature": toy_signature(secret, body)})
+
+
+async def due_in_s(store: PgStore, job_id: str) -> float:
+    row = await store.get_job(job_id)
+    assert row is not None
+    return float((row["next_poll_at"] - datetime.now(UTC)).total_seconds())
+
+
+async def test_a_toy_providers_signed_delivery_pokes_its_job_and_a_forged_one_is_refused(
+        store, server):
+    await store.add_job("toy_1", delay_s=3600)
+    await store.add_job("toy_2", delay_s=3600)
+    signature_refusals = rejected("signature")
+    assert await to_toy(server, "toy_1", "evt_1", "not-the-secret") == (
+        401, {"error": "invalid signature or timestamp"})
+    assert rejected("signature") == signature_refusals + 1
+    body = json.dumps({"job": "toy_1"}).encode()  # signed, but no event: its own words
+    assert await post(f"{server}/webhooks/toy", body, {
+        "X-Toy-Signature": toy_signature("toy-new", body)}) == (
+        400, {"error": "toy wants a job and an event"})
+    assert await due_in_s(store, "toy_1") > 3500  # refused: untouched
+    # either account's secret verifies (the first is tried, refused, and the next one is)
+    assert await to_toy(server, "toy_1", "evt_1", "toy-new") == (
+        200, {"status": "poked", "made_due": True})
+    assert await due_in_s(store, "toy_1") <= 0.5
+    assert await to_toy(server, "toy_2", "evt_2", "toy-old") == (
+        200, {"status": "poked", "made_due": True})
+    # the toy resends a delivery: a repeat, recognised by what the toy says (its signature)
+    assert await to_toy(server, "toy_2", "evt_2", "toy-old") == (200, {"status": "duplicate"})
+
+
+async def test_sumes_route_is_the_same_route_beside_the_toys(store, server):
+    await store.add_job("vid_1", delay_s=3600)
+    body = json.dumps({"job_id": "vid_1"}).encode()
+    stamp = f"{time.time():.0f}"
+    assert await post(f"{server}/webhooks/sume", body, {
+        "X-Sume-Timestamp": stamp, "X-Sume-Signature": sign(SUME_SECRET, stamp, body),
+        "X-Sume-Event-Id": "evt_s"}) == (200, {"status": "poked", "made_due": True})
+    # the toy's signature means nothing to Sume's rules, and Sume's secret nothing to the toy's
+    assert (await post(f"{server}/webhooks/sume", body, {
+        "X-Toy-Signature": toy_signature(SUME_SECRET, body)}))[0] == 401
+    assert (await to_toy(server, "vid_1", "evt_t", SUME_SECRET))[0] == 401
+
+
+@pytest.mark.parametrize("path", ["nope", "quiet", "SUME", "sume.x"])
+async def test_a_name_no_served_provider_answers_to_is_a_counted_404(store, server, path):
+    before = rejected("unknown_provider")
+    body = json.dumps({"job": "toy_1", "event": "e"}).encode()
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{server}/webhooks/{path}", data=body,
+            headers={"X-Toy-Signature": toy_signature("toy-new", body)}) as resp:
+        assert (resp.status, await resp.json()) == (404, {"error": "no such webhook"})
+    assert rejected("unknown_provider") == before + 1
+
+
+async def test_a_registered_provider_is_served_only_with_a_secret_given_for_it(store, toys):
+    # only Sume's secret given (what make_app(store, secret) means): the toy is a 404
+    runner, url = await start_server(make_app(store, SUME_SECRET), "127.0.0.1", 0)
+    try:
+        assert (await to_toy(url, "toy_1", "evt_1", "toy-new"))[0] == 404
+    finally:
+        await runner.cleanup()
+    # named, but without a secret: the 503 names the setting, as Sume's always did
+    runner, url = await start_server(make_app(store, {"toy": None}), "127.0.0.1", 0)
+    try:
+        assert await to_toy(url, "toy_1", "evt_1", "toy-new") == (
+            503, {"error": "TOY_WEBHOOK_SECRET is not set"})
+        assert (await post(f"{url}/webhooks/sume", b"{}", {}))[0] == 404
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_secret_for_no_provider_or_for_one_without_webhooks_is_refused_at_start(
+        store, toys):
+    with pytest.raises(ConfigError, match="unknown provider 'nope'"):
+        make_app(store, {"nope": "x"})
+    with pytest.raises(ConfigError, match="'quiet' has no webhooks"):
+        make_app(store, {"quiet": "x"})
