@@ -480,3 +480,22 @@ async def test_a_least_privilege_worker_role_does_everything_a_worker_does(
                 continue
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 await conn.execute(statement)
+
+
+async def test_the_worker_role_ends_a_job_without_naming_an_outcome_with_no_new_grant(
+        least_privilege):
+    """The seed's own loop (or a worker of the previous release) running as the documented
+    worker role writes only the state: 0014's trigger reads the outcome words as the schema's
+    owner (SECURITY DEFINER), so no grant on vidpoll_outcome_words is needed."""
+    owner, worker_url = least_privilege["owner"], least_privilege["worker"]
+    owner_name, worker_name, database = least_privilege["names"].split()
+    await migrate(owner)
+    _, as_owner = documented_sql()
+    async with await psycopg.AsyncConnection.connect(owner, autocommit=True) as conn:
+        await conn.execute(with_names(as_owner, owner_name, worker_name, database).encode())
+    async with await psycopg.AsyncConnection.connect(worker_url, autocommit=True) as conn:
+        await conn.execute("INSERT INTO video_jobs (job_id, state, next_poll_at) "
+                           "VALUES ('seed-1', 'pending', now())")
+        await conn.execute("UPDATE video_jobs SET state = 'completed' WHERE job_id = 'seed-1'")
+        cur = await conn.execute("SELECT outcome FROM video_jobs WHERE job_id = 'seed-1'")
+        assert await cur.fetchone() == ("succeeded",)
