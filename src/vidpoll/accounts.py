@@ -4,9 +4,11 @@ an account into HTTP; it never names a provider."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from vidpoll.config import Settings, key_variable
 from vidpoll.providers import registry
-from vidpoll.providers.base import Client, Provider
+from vidpoll.providers.base import Client, Provider, ProviderOptions
 
 
 def provider_of(settings: Settings, account: str) -> Provider:
@@ -24,7 +26,21 @@ def client_for(settings: Settings, account: str, *, timeout_s: float | None = No
     return registry.load(found.provider).client(
         found.base_url, found.api_key,
         timeout_s=settings.http_timeout_s if timeout_s is None else timeout_s,
-        max_connections=max_connections)
+        max_connections=max_connections,
+        options=ProviderOptions(webhook_url=found.webhook_url))
+
+
+def media_auth(settings: Settings) -> tuple[dict[str, Mapping[str, str]],
+                                            dict[str, frozenset[str]]]:
+    """By account with a key: the headers its media downloads carry, and the provider's file
+    hosts that get them besides the API origin (for `Downloader.from_settings`)."""
+    headers: dict[str, Mapping[str, str]] = {}
+    hosts: dict[str, frozenset[str]] = {}
+    for name, account in settings.accounts.items():
+        if account.api_key:
+            client = client_for(settings, name)
+            headers[name], hosts[name] = client.media_headers(), client.media_auth_hosts()
+    return headers, hosts
 
 
 def title_of(settings: Settings, account: str) -> str:

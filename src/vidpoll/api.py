@@ -30,6 +30,7 @@ from vidpoll.accounts import (
     base_url_setting,
     client_for,
     key_variable_of,
+    media_auth,
     provider_of,
     title_of,
 )
@@ -42,6 +43,7 @@ from vidpoll.errors import ConfigError, IntentRejected
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
     QUEUED,
+    RECONCILING,
     REJECTED,
     UNKNOWN,
     Intent,
@@ -89,8 +91,18 @@ class Submission:
         return self.intent.state
 
 
+RECONCILING_REASON = (
+    "its create's outcome is unknown (no clear answer) and the provider's creates have no "
+    "idempotency key, so it is never sent blindly again: a running `vidpoll worker` looks it "
+    "up in the provider's own records within seconds, adopts the job found there, sends it "
+    "again only when they prove nothing was created, and otherwise parks it as `unknown`")
+
+
 def unknown_reason(intent: Intent) -> str:
     """Why an `unknown` intent has no job yet, and what settles it."""
+    if intent.next_attempt_at.year >= intent.created_at.year + 5 and intent.last_error:
+        # parked (a provider without an idempotency key): its look-up says why
+        return intent.last_error
     refusal = (f"Sume refused it ({intent.error_code}: {intent.error_message or ''})"
                if intent.error_code else "Sume has not confirmed it")
     return (f"{refusal}, but an earlier attempt's reply was lost, so a render may be billed: a "
@@ -225,6 +237,10 @@ class Vidpoll:
         if model is None and provider.rules.takes_model:
             raise ConfigError(f"{provider.title} creates run a model: name one for account "
                               f"{account!r} (`submit --model`)")
+        model_problem = getattr(provider.rules, "model_problem", None)
+        problem = model_problem(model) if model is not None and callable(model_problem) else None
+        if problem:
+            raise ConfigError(f"--model for account {account!r} ({provider.title}): {problem}")
         intent, new = await self.store.add_intent(key, payload, priority, account,
                                                   provider=provider.name, model=model)
         if intent.state == REJECTED:
@@ -236,6 +252,8 @@ class Vidpoll:
         """`sub` with the reason it is still queued (or unknown) filled in (if it is)."""
         if sub.intent.state == UNKNOWN and sub.reason is None:
             return Submission(sub.intent, sub.new, unknown_reason(sub.intent))
+        if sub.intent.state == RECONCILING and sub.reason is None:
+            return Submission(sub.intent, sub.new, RECONCILING_REASON)
         if sub.intent.state != QUEUED or sub.reason is not None:
             return sub
         return Submission(sub.intent, sub.new, await self.queued_reason(sub.key))
@@ -271,6 +289,8 @@ class Vidpoll:
                 reason = await self._why_queued(key, result, cap)
         elif intent.state == UNKNOWN:
             reason = unknown_reason(intent)
+        elif intent.state == RECONCILING:
+            reason = RECONCILING_REASON
         return Submission(intent, False, reason, refused)
 
     def _refusal_reason(self, key: str, account: str, refused: str,
@@ -352,9 +372,10 @@ class Vidpoll:
         async with contextlib.AsyncExitStack() as stack:
             downloader = None
             if download_dir is not None:
+                headers, header_hosts = media_auth(self.settings)
                 downloader = await stack.enter_async_context(
-                    Downloader.from_settings(download_dir, self.settings,
-                                             max_connections=concurrency))
+                    Downloader.from_settings(download_dir, self.settings, headers,
+                                             header_hosts, max_connections=concurrency))
             deliverer = Deliverer(self.store, config, downloader)
             deliverer.producers_finished()  # the pollers run elsewhere
             await deliverer.prepare()  # registered before the block runs: no job slips by

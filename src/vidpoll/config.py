@@ -252,6 +252,9 @@ class Account:
     """The variable `webhook_secret` came from; empty when none was named."""
     source: AccountSource = "environment"
     """Where the account is defined: the accounts file, or the provider's variables."""
+    webhook_url: str | None = None
+    """Where the provider should call when a job ends (`vidpoll serve`'s webhook route), for
+    a provider whose creates name one; None: creates ask for no webhook."""
 
 
 @dataclass(frozen=True)
@@ -349,6 +352,9 @@ class Settings:
             not_found_max_tries=int(_float(env, "VIDPOLL_NOT_FOUND_MAX_TRIES", 8, minimum=1)),
             not_found_max_age_s=_float(env, "VIDPOLL_NOT_FOUND_MAX_AGE_S", 3600.0),
             backoff_max_s=_float(env, "VIDPOLL_BACKOFF_MAX_S", 300.0, minimum=0.01),
+            reconcile_settle_s=_float(env, "VIDPOLL_RECONCILE_SETTLE_S", 10.0, minimum=0.0),
+            reconcile_deadline_s=_float(env, "VIDPOLL_RECONCILE_DEADLINE_S", 600.0,
+                                        minimum=1.0),
         )
         if policy.min_poll_s > policy.max_poll_s:
             raise ConfigError("VIDPOLL_MIN_POLL_S must not exceed VIDPOLL_MAX_POLL_S")
@@ -479,7 +485,7 @@ def _by_account(env: Mapping[str, str], prefix: str,
 # --- accounts --------------------------------------------------------------------------------
 
 FILE_FIELDS = ("provider", "base_url", "api_key_env", "webhook_secret_env",
-               "status_rate_per_min", "submit_rate_per_min")
+               "status_rate_per_min", "submit_rate_per_min", "webhook_url")
 """What an `[accounts.NAME]` table may hold; `api_key_env` is required."""
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 """A variable `api_key_env` / `webhook_secret_env` may name: upper-case, as by convention (a
@@ -543,10 +549,11 @@ def environment_accounts(env: Mapping[str, str], provider: Provider, base_url: s
     keys.update(_by_account(env, variable + "_", lambda name: (name, check_text(env, name))))
     secret_variable = f"{provider.env_prefix}_WEBHOOK_SECRET"
     secret = check_text(env, secret_variable)
+    status_default, create_default = provider.default_rates
     return {name: Account(
         name, provider.name, base_url, key, variable_name,
-        _rate(env, STATUS_RATE_VARIABLE, name, None),
-        _rate(env, SUBMIT_RATE_VARIABLE, name, None),
+        _rate(env, STATUS_RATE_VARIABLE, name, None, status_default),
+        _rate(env, SUBMIT_RATE_VARIABLE, name, None, create_default),
         secret, secret_variable, "environment")
         for name, (variable_name, key) in keys.items()
         if key or (name == DEFAULT_ACCOUNT and keyless_default)}
@@ -628,12 +635,15 @@ def _file_account(path: Path, name: str, table: Any, env: Mapping[str, str],
     if "webhook_secret_env" in table:
         secret_env = _variable_name(at, "webhook_secret_env", table["webhook_secret_env"],
                                     _SECRETS_NEVER)
+    status_default, create_default = provider.default_rates
     return Account(
         name, provider.name, base, _file_secret(at, "api_key_env", env, key_env), key_env,
-        _rate(env, STATUS_RATE_VARIABLE, name, _file_rate(at, "status_rate_per_min", table)),
-        _rate(env, SUBMIT_RATE_VARIABLE, name, _file_rate(at, "submit_rate_per_min", table)),
+        _rate(env, STATUS_RATE_VARIABLE, name, _file_rate(at, "status_rate_per_min", table),
+              status_default),
+        _rate(env, SUBMIT_RATE_VARIABLE, name, _file_rate(at, "submit_rate_per_min", table),
+              create_default),
         _file_secret(at, "webhook_secret_env", env, secret_env) if secret_env else "",
-        secret_env, "file")
+        secret_env, "file", _file_webhook_url(at, table, allow_insecure_http))
 
 
 def _file_provider(at: str, value: Any) -> Provider:
@@ -804,15 +814,33 @@ def _rates(env: Mapping[str, str], name: str, accounts: Mapping[str, Account],
     return {a: r for a, r in rates.items() if r is not None}
 
 
-def _rate(env: Mapping[str, str], name: str, account: str, own: float | None) -> float | None:
-    """An account's rate: its own (from the file), else `NAME_<ACCOUNT>`, else `NAME`; unset
-    or empty means unlimited (None)."""
+def _rate(env: Mapping[str, str], name: str, account: str, own: float | None,
+          default: float | None = None) -> float | None:
+    """An account's rate: its own (from the file), else `NAME_<ACCOUNT>`, else `NAME`, else
+    its provider's published limit (`default`); None: unlimited."""
     if own is not None:
         return own
     for variable in (f"{name}_{account.upper()}", name):
         if env.get(variable, "").strip():
             return _float(env, variable, 0.0, minimum=0.001)
-    return None
+    return default
+
+
+def _file_webhook_url(at: str, table: Mapping[str, Any], allow_insecure_http: bool) -> str | None:
+    """`webhook_url`, checked: https:// (plain http:// only to loopback, or when insecure
+    http is allowed), no credentials, query or fragment (a secret never goes in the file)."""
+    value = table.get("webhook_url")
+    if value is None:
+        return None
+    example = "https://hooks.example.com/webhooks/replicate"
+    if not isinstance(value, str):
+        raise ConfigError(f"{at} webhook_url: must be a string (like webhook_url = "
+                          f"\"{example}\")")
+    try:
+        return check_base_url(value, allow_insecure_http, name="the URL",
+                              key_name="webhook_secret_env", example=example)
+    except ConfigError as exc:
+        raise ConfigError(f"{at} webhook_url: {exc}") from None
 
 
 def _retention(env: Mapping[str, str], name: str, default: float | None) -> float | None:

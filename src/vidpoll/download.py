@@ -91,10 +91,12 @@ class Downloader:
     @classmethod
     def from_settings(cls, directory: str | os.PathLike[str], settings: Settings,
                       headers: Mapping[str, Mapping[str, str]] | None = None,
+                      header_hosts: Mapping[str, frozenset[str]] | None = None,
                       **kwargs: Any) -> Downloader:
         """A Downloader with the fetch policy the environment sets (FetchPolicy.from_settings:
         each account's base URL, VIDPOLL_MEDIA_ALLOW_HOSTS*, VIDPOLL_DOWNLOAD_*)."""
-        return cls(directory, policy=FetchPolicy.from_settings(settings, headers), **kwargs)
+        return cls(directory, policy=FetchPolicy.from_settings(settings, headers, header_hosts),
+                   **kwargs)
 
     @property
     def policy(self) -> FetchPolicy:

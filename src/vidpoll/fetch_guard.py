@@ -147,12 +147,28 @@ class AccountRules:
     allow_variable: str = MEDIA_ALLOW_HOSTS_VARIABLE
     """The setting that holds allow_hosts (refusals name it)."""
     api_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
-    """Headers the account's media needs (a provider's token): sent to its API origin only."""
+    """Headers the account's media needs (a provider's token): sent to its API origin and,
+    over https only, to its `header_hosts`; never to any other host."""
+    header_hosts: frozenset[str] = frozenset()
+    """The provider's own file hosts (`Client.media_auth_hosts`): a name matches itself and
+    its subdomains."""
 
     @property
     def origin(self) -> Origin | None:
         """The API origin, if the account has one."""
         return None if self.api_base_url is None else origin_of(self.api_base_url)
+
+    def gets_headers(self, url: URL) -> bool:
+        """Whether a request to `url` carries `api_headers`: the API origin, or https to one
+        of the provider's file hosts."""
+        if not self.api_headers:
+            return False
+        if self.origin is not None and origin_of(url) == self.origin:
+            return True
+        if url.scheme.lower() != "https" or not self.header_hosts:
+            return False
+        host = _norm_host(url.raw_host or "")
+        return any(host == h or host.endswith("." + h) for h in self.header_hosts)
 
     def allows(self, host: str, port: int) -> bool:
         """Whether `host:port` is on the allow-list."""
@@ -200,16 +216,19 @@ class FetchPolicy:
 
     @classmethod
     def from_settings(cls, settings: Settings,
-                      headers: Mapping[str, Mapping[str, str]] | None = None) -> FetchPolicy:
+                      headers: Mapping[str, Mapping[str, str]] | None = None,
+                      header_hosts: Mapping[str, frozenset[str]] | None = None) -> FetchPolicy:
         """The policy the settings give: each account's base URL is its API origin (the
         default provider's base URL for an account not configured);
         VIDPOLL_MEDIA_ALLOW_HOSTS[_<ACCOUNT>] and VIDPOLL_DOWNLOAD_* as documented.
-        `headers`: by account, what its media needs on its API origin (Client.media_headers)."""
+        `headers`: by account, what its media needs on its API origin (Client.media_headers),
+        and on its provider's file hosts (`header_hosts`: Client.media_auth_hosts)."""
         def rules(account: str) -> AccountRules:
             hosts, variable = settings.media_allow_hosts_for(account)
             found = settings.accounts.get(account)
             base = found.base_url if found is not None else settings.sume_base_url
-            return AccountRules(base, hosts, variable, (headers or {}).get(account, {}))
+            return AccountRules(base, hosts, variable, (headers or {}).get(account, {}),
+                                (header_hosts or {}).get(account, frozenset()))
 
         named = {*settings.media_allow_hosts_by_account, *settings.accounts}
         return cls(rules("default"), {a: rules(a) for a in named},
@@ -418,7 +437,7 @@ class FetchGuard:
             if why is not None:
                 raise DownloadRefused(f"{shown} refused: {where}{why}")
             sent = dict(headers)
-            if rules.api_headers and origin_of(current) == rules.origin:
+            if rules.gets_headers(current):
                 sent.update(rules.api_headers)
             try:
                 resp = await session.get(current, headers=sent, allow_redirects=False)

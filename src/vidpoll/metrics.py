@@ -37,6 +37,14 @@ SUBMISSIONS = Counter("vidpoll_submissions_total", "POSTs of intents by outcome:
                       "queued (retried later), unknown (refused or unanswered after a lost "
                       "reply: retried slowly) or rejected.", ["account", "outcome"],
                       registry=REGISTRY)
+RECONCILIATIONS = Counter("vidpoll_reconciliations_total", "Look-ups of an unknown create in "
+                          "the provider's own records (a provider without an idempotency key) "
+                          "by result: adopted (its job found), resent (proven absent: sent "
+                          "again), parked (`unknown`, for an operator), retry (the look-up "
+                          "failed or came too soon).", ["account", "result"],
+                          registry=REGISTRY)
+LIST_CALLS = Counter("vidpoll_reconcile_list_calls_total", "List requests sent by look-ups.",
+                     ["account"], registry=REGISTRY)
 RESULT_FETCHES = Counter("vidpoll_result_fetches_total", "Result fetches by outcome.",
                          ["outcome"], registry=REGISTRY)
 DELIVERIES = Counter("vidpoll_deliveries_total", "Downloads and hook runs by outcome.",
@@ -175,7 +183,8 @@ def observe_submission(minutes: Minutes, at: datetime, account: str, outcome: st
 def metric_names() -> Iterator[str]:
     """Every metric family this module defines (for docs and tests)."""
     for collector in (POLLS, READ_SECONDS, LATENESS, CLAIM_BATCH, IN_FLIGHT, SUBMISSIONS,
-                      RESULT_FETCHES, DELIVERIES, TOKENS, BUDGET_WAITS, SERVER_PAUSES,
+                      RECONCILIATIONS, LIST_CALLS, RESULT_FETCHES, DELIVERIES, TOKENS,
+                      BUDGET_WAITS, SERVER_PAUSES,
                       MISROUTE_PAUSES, FENCED_OUT, DB_ERRORS, WEBHOOKS_REJECTED, JOBS,
                       JOBS_ESTIMATED, STATISTICS_AGE, DUE, OLDEST_DUE):
         yield from (m.name for m in collector.describe())

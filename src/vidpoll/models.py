@@ -40,6 +40,14 @@ UNKNOWN = "unknown"
 render may be billed, so it is sent again with the same key on a slow schedule until the provider
 answers with a job or an operator settles it (`intents resolve`)."""
 
+RECONCILING = "reconciling"
+"""An intent of a provider without an idempotency key whose create's outcome is unknown: not sent
+again, but looked up in the provider's own records (`Reconciler.find_created`) until it is
+adopted (`submitted`), proven absent (`queued`, sent again) or parked (`unknown`)."""
+
+INTENT_STATES = (QUEUED, RECONCILING, UNKNOWN, SUBMITTED, REJECTED)
+"""Every state of an intent."""
+
 PARKED_S = 10 * 365 * 86400.0
 """An `unknown` intent of a provider whose creates have no idempotency key is parked this long:
 sending it again could bill a second render, so it waits for an operator (`intents resolve`)
@@ -130,6 +138,12 @@ class ClaimedIntent:
     """An earlier attempt's outcome was unknown: a refusal now is no proof nothing was billed."""
     model: str | None = None
     """The model the create runs (`submit --model`), for a provider whose creates name one."""
+    unsettled: bool = False
+    """A create of it may have reached the provider and was neither answered nor looked up
+    since: the previous claim's attempt was never recorded (the process died mid-POST), or it
+    is `reconciling`. A provider without an idempotency key then gets a look-up, never a POST."""
+    window_from: datetime | None = None
+    """When the earliest unsettled create may have been sent (the database's clock)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,8 +182,11 @@ class SubmitOutcome:
     """What to write for one POST attempt; produced by policy, applied by the store.
 
     `state` is SUBMITTED (with job_id), REJECTED (with error_code/error_message), QUEUED
-    (retry the same key after `delay_s`) or UNKNOWN (refused, or unanswered again, after an
-    earlier unknown outcome: sent again with the same key after `delay_s`).
+    (retry the same key after `delay_s`), UNKNOWN (refused, or unanswered again, after an
+    earlier unknown outcome: sent again with the same key after `delay_s`), or RECONCILING (a
+    provider without an idempotency key: looked up in its records after `delay_s`). With
+    `adopted`, a SUBMITTED job was found in the provider's records, not answered to a POST;
+    with `settled`, a QUEUED intent's earlier creates were proven absent (its window ends).
     """
 
     key: str
@@ -183,6 +200,8 @@ class SubmitOutcome:
     error_code: str | None = None
     error_message: str | None = None
     request_id: str | None = None
+    adopted: bool = False
+    settled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

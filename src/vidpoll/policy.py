@@ -20,9 +20,9 @@ from vidpoll.errors import InvalidIntent, InvalidJobId
 from vidpoll.models import (
     GAVE_UP,
     NOT_FOUND,
-    PARKED_S,
     PENDING,
     QUEUED,
+    RECONCILING,
     REJECTED,
     SUBMITTED,
     SUCCEEDED,
@@ -62,6 +62,18 @@ class PollPolicy:
     auth_backoff_max_s: float = 300.0
     unknown_resend_s: float = 60.0
     """How often an `unknown` intent is sent again (never less often than every 2 minutes)."""
+    reconcile_settle_s: float = 10.0
+    """After a create without an idempotency key whose outcome is unknown, how long before the
+    provider's records are looked up: a server still working on a request its client gave up on
+    (and a list that lags its creates) must have caught up before "not found" may prove that
+    nothing was created (VIDPOLL_RECONCILE_SETTLE_S)."""
+    reconcile_deadline_s: float = 600.0
+    """How long look-ups that cannot complete (the list failing, throttled) are retried, from
+    the create's window, before the intent is parked as `unknown` for an operator
+    (VIDPOLL_RECONCILE_DEADLINE_S)."""
+    reconcile_skew_s: float = 120.0
+    """The look-up window reaches this far before the create was sent and after now: the
+    provider's clock is not the database's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -515,8 +527,14 @@ def decide_submit(intent: ClaimedIntent, answer: HttpAnswer, now: datetime, poli
 
     def retry(cls: ErrorClass, what: str) -> SubmitOutcome:
         if rules.idempotency_header is None and status != 429:
-            # no key makes a second create safe: whatever this was, a render may be billed
-            return parked(cls, _error_text(body, answer, what, rules))
+            # no key makes a second create safe: whatever this was, a render may be billed;
+            # the provider's own records say which, once its list has caught up
+            return SubmitOutcome(intent.key, intent.claim_token, RECONCILING,
+                                 policy.reconcile_settle_s, http_status=status,
+                                 error_class=cls,
+                                 error=_error_text(body, answer, what, rules)
+                                 + " (not sent again: looked up in the provider's own records)",
+                                 request_id=request_id)
         if intent.state == UNKNOWN:
             # still no answer for a key that may be billed: the slow schedule, kept visible
             return SubmitOutcome(intent.key, intent.claim_token, UNKNOWN,
@@ -529,14 +547,6 @@ def decide_submit(intent: ClaimedIntent, answer: HttpAnswer, now: datetime, poli
             delay = backoff_delay(intent.consecutive_errors + 1, policy, rng)
         return SubmitOutcome(intent.key, intent.claim_token, QUEUED, delay, http_status=status,
                              error_class=cls, error=_error_text(body, answer, what, rules),
-                             request_id=request_id)
-
-    def parked(cls: ErrorClass, error: str) -> SubmitOutcome:
-        return SubmitOutcome(intent.key, intent.claim_token, UNKNOWN, PARKED_S,
-                             http_status=status, error_class=cls,
-                             error=f"{error} (not sent again: the provider's creates have no "
-                                   "idempotency key; settle it with `vidpoll intents resolve`)"
-                             [:MAX_ERROR_TEXT], error_code=code, error_message=message,
                              request_id=request_id)
 
     if answer.transport_error is not None:
@@ -560,9 +570,14 @@ def decide_submit(intent: ClaimedIntent, answer: HttpAnswer, now: datetime, poli
     if status >= 500:
         return retry(ErrorClass.SERVER_ERROR, f"HTTP {status}")
     if 400 <= status < 500 and code is not None:
-        if (intent.outcome_unknown or intent.state == UNKNOWN) and rules.idempotency_header is None:
-            return parked(ErrorClass.CLIENT_ERROR, _error_text(body, answer, f"HTTP {status}",
-                                                                rules))
+        if rules.idempotency_header is None:
+            # a create without a key is sent only once every earlier one is settled (adopted,
+            # or proven absent from the provider's records): a refusal now is final
+            return SubmitOutcome(intent.key, intent.claim_token, REJECTED, http_status=status,
+                                 error_class=ErrorClass.CLIENT_ERROR,
+                                 error=_error_text(body, answer, f"HTTP {status}", rules),
+                                 error_code=code, error_message=message,
+                                 request_id=request_id)
         if intent.outcome_unknown or intent.state == UNKNOWN:
             # refused now, but an earlier attempt may have started (and billed) a render
             return SubmitOutcome(intent.key, intent.claim_token, UNKNOWN,

@@ -22,7 +22,7 @@ import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from vidpoll import metrics
@@ -34,6 +34,7 @@ from vidpoll.models import (
     DEFAULT_ACCOUNT,
     PARKED_S,
     QUEUED,
+    RECONCILING,
     REJECTED,
     SUBMITTED,
     UNKNOWN,
@@ -53,10 +54,11 @@ from vidpoll.policy import (
     auth_pause_delay,
     backoff_delay,
     decide_submit,
+    parse_retry_after,
     probe_verdict,
     server_pause_s,
 )
-from vidpoll.providers.base import Rules
+from vidpoll.providers.base import CreateLookup, Rules
 from vidpoll.runner import (
     DB_BACKOFF_MAX_S,
     IDLE_MAX_S,
@@ -80,6 +82,9 @@ submitter holds them); a finishing job's NOTIFY usually wakes the submitter soon
 RELEASE_DELAY_S = 1.0
 """An intent given back unsent is due again after this long, never at once (no spinning)."""
 WAKE_CHANNELS = ("vidpoll_intents", "vidpoll_job_done")
+LOOKBACK_S = 3600.0
+"""How far back a look-up searches for an intent parked before its window was recorded (by a
+release before 0015): the providers' records keep inputs about an hour."""
 PROBE_PREFIX = "vidpoll-probe-"
 """The job id a misrouted account's probe reads (a status read, never a POST): one that cannot
 exist, so the provider's own "not found" proves the base URL right again."""
@@ -102,6 +107,9 @@ class IntentStore(MinutesStore, BudgetStore, NoticeStore, Protocol):
 
     async def release_intent(self, intent: ClaimedIntent, delay_s: float) -> bool:
         """Give an intent back unsent."""
+
+    async def jobs_of_ids(self, ids: Sequence[str]) -> dict[str, str | None]:
+        """Which of `ids` are tracked already, with the intent key holding each (None: none)."""
 
     async def next_intent_due_in(self, accounts: Sequence[str] = ...,
                                  unknown_accounts: Sequence[str] = ...) -> float | None:
@@ -194,6 +202,15 @@ class SubmitStats:
     than the provider (a wrong base URL, a proxy): one per episode."""
     url_probes: int = 0
     """Status reads sent to see whether the provider answers a misrouted account again."""
+    lookups: int = 0
+    """Look-ups of unknown creates in the provider's records (no idempotency key)."""
+    list_calls: int = 0
+    """List requests those look-ups sent."""
+    adopted: int = 0
+    resent: int = 0
+    """Intents whose earlier creates the provider's records proved absent: sent again."""
+    parked: int = 0
+    """Intents parked as `unknown` by a look-up (ambiguous, or the records unreadable)."""
 
 
 class Submitter(Runner):
@@ -421,17 +438,13 @@ class Submitter(Runner):
             await self._release(intent, RELEASE_DELAY_S)
             return None
         creator = self.creators[intent.account]
-        if creator.rules.idempotency_header is None and (intent.outcome_unknown
+        if creator.rules.idempotency_header is None and (intent.unsettled
                                                           or intent.state == UNKNOWN):
             # an earlier create may have billed a render and no key makes a second one safe:
-            # parked for an operator (or, later, the provider's own records), never re-sent
-            parked = SubmitOutcome(intent.key, intent.claim_token, UNKNOWN, PARKED_S,
-                                   error_class=ErrorClass.CONNECTION,
-                                   error="an earlier create's outcome is unknown and the "
-                                         "provider's creates have no idempotency key: not sent "
-                                         "again; settle it with `vidpoll intents resolve`")
-            await self._record(parked, intent.account)
-            return parked
+            # the provider's own records settle it, or an operator does; never a blind re-send
+            outcome = await self._reconcile(intent, creator)
+            await self._record(outcome, intent.account)
+            return outcome
         self.stats.posts += 1
         try:
             answer = await (creator.create_video(intent.payload, intent.key, intent.model)
@@ -466,6 +479,87 @@ class Submitter(Runner):
         await self._record(decision, intent.account)
         return decision
 
+    async def _reconcile(self, intent: ClaimedIntent, creator: VideoCreator) -> SubmitOutcome:
+        """Settle a create whose outcome is unknown from the provider's own records (a provider
+        without an idempotency key): adopt the one job they hold for this input, send again
+        when they prove there is none, or park the intent as `unknown` for an operator."""
+        policy = self.config.policy
+        key, token = intent.key, intent.claim_token
+
+        def park(why: str, status: int | None = None) -> SubmitOutcome:
+            self.stats.parked += 1
+            metrics.RECONCILIATIONS.labels(intent.account, "parked").inc()
+            return SubmitOutcome(key, token, UNKNOWN, PARKED_S, http_status=status,
+                                 error_class=ErrorClass.CONNECTION,
+                                 error=f"{why}; not sent again (the provider's creates have no "
+                                       f"idempotency key): settle it with `vidpoll intents "
+                                       f"resolve {key} --job-id ID | --not-billed`")
+
+        finder = getattr(creator, "find_created", None)
+        if not callable(finder):
+            return park("an earlier create's outcome is unknown and this provider's records "
+                        "cannot be searched")
+        now = self._clock()
+        window_from = intent.window_from or now - timedelta(seconds=LOOKBACK_S)
+        age_s = (now - window_from).total_seconds()
+        if intent.state != UNKNOWN and age_s < policy.reconcile_settle_s:
+            # a crash mid-POST found early (a short lease): the list may not show it yet
+            metrics.RECONCILIATIONS.labels(intent.account, "retry").inc()
+            return SubmitOutcome(key, token, RECONCILING, policy.reconcile_settle_s - age_s,
+                                 error="waiting for the provider's records to settle")
+        self.stats.lookups += 1
+        try:
+            lookup = await finder(intent.payload, intent.model,
+                                  window_from - timedelta(seconds=policy.reconcile_skew_s),
+                                  now + timedelta(seconds=policy.reconcile_skew_s))
+            if not isinstance(lookup, CreateLookup):
+                raise TypeError(type(lookup).__name__)
+        except Exception as exc:  # the client promises answers; be safe anyway
+            log.exception("intent %s: looking up its create raised", key)
+            lookup = CreateLookup(False, detail=type(exc).__name__)
+        self.stats.list_calls += lookup.calls
+        metrics.LIST_CALLS.labels(intent.account).inc(lookup.calls)
+        if not lookup.complete:
+            failure = lookup.failure
+            status = failure.status if failure is not None else None
+            if intent.state == UNKNOWN or age_s > policy.reconcile_deadline_s:
+                return park(f"the provider's records could not be read for {age_s:.0f}s "
+                            f"({lookup.detail})", status)
+            hinted = parse_retry_after(failure.retry_after if failure else None, now)
+            delay = (min(policy.max_poll_s, max(policy.min_poll_s, hinted))
+                     if hinted is not None
+                     else backoff_delay(intent.consecutive_errors + 1, policy, self._rng))
+            metrics.RECONCILIATIONS.labels(intent.account, "retry").inc()
+            return SubmitOutcome(key, token, RECONCILING, delay, http_status=status,
+                                 error_class=(failure.transport_error if failure else None)
+                                 or ErrorClass.SERVER_ERROR,
+                                 error=f"looking up the create in the provider's records "
+                                       f"failed ({lookup.detail}); tried again in {delay:.0f}s")
+        found = [*lookup.matches, *lookup.unsure]
+        known = await self.store.jobs_of_ids(found) if found else {}
+        mine = [j for j in found if j in known and known[j] == key]
+        # a job another intent holds is that intent's, never this one's (identical inputs
+        # sent on purpose stay two jobs); one added by hand (no key) may be this one's
+        matches = [j for j in lookup.matches if known.get(j, key) in (key, None)]
+        unsure = [j for j in lookup.unsure if known.get(j, key) in (key, None)]
+        job_id = mine[0] if mine else matches[0] if len(matches) == 1 and not unsure else None
+        if job_id is not None:
+            self.stats.adopted += 1
+            metrics.RECONCILIATIONS.labels(intent.account, "adopted").inc()
+            return SubmitOutcome(key, token, SUBMITTED, job_id=job_id, adopted=True,
+                                 error=f"adopted from the provider's records ({lookup.calls} "
+                                       f"list calls)")
+        if not matches and not unsure:
+            self.stats.resent += 1
+            metrics.RECONCILIATIONS.labels(intent.account, "resent").inc()
+            return SubmitOutcome(key, token, QUEUED, settled=True,
+                                 error=f"the provider's records hold no create of this input "
+                                       f"since {window_from:%H:%M:%S} UTC ({lookup.calls} list "
+                                       f"calls): sent again")
+        shown = ", ".join([*matches, *unsure][:5])
+        return park(f"the provider's records hold {len(matches)} job(s) of this exact input "
+                    f"and {len(unsure)} whose input can no longer be compared ({shown})")
+
     async def _record(self, outcome: SubmitOutcome, account: str) -> None:
         """Write the outcome, retrying through a database outage.
 
@@ -496,11 +590,24 @@ class Submitter(Runner):
         self._count(outcome, account)
 
     def _count(self, outcome: SubmitOutcome, account: str) -> None:
-        metrics.observe_submission(self.minutes, self._clock(), account, outcome.state)
         fields = event(key=outcome.key, job_id=outcome.job_id, account=account,
                        outcome=outcome.state, http_status=outcome.http_status,
                        request_id=outcome.request_id,
                        error_class=outcome.error_class.value if outcome.error_class else None)
+        if outcome.adopted or outcome.settled or outcome.state == RECONCILING:
+            # a look-up or its wait, not a POST
+            if outcome.adopted:
+                self.stats.submitted += 1
+                log.info("intent %s: its create was found in the provider's records: job %s "
+                         "adopted (%s)", outcome.key, outcome.job_id, outcome.error,
+                         extra=fields)
+            elif outcome.settled:
+                log.info("intent %s: %s", outcome.key, outcome.error, extra=fields)
+            else:
+                log.info("intent %s (reconciling): %s", outcome.key, outcome.error,
+                         extra=fields)
+            return
+        metrics.observe_submission(self.minutes, self._clock(), account, outcome.state)
         if outcome.state == SUBMITTED:
             self.stats.submitted += 1
             if self._credit_failures.get(account):
@@ -520,7 +627,10 @@ class Submitter(Runner):
                 self._pause_for_credits(account)
         elif outcome.state == UNKNOWN:
             self.stats.unknown += 1
-            if outcome.error_code is not None:
+            if outcome.delay_s >= PARKED_S:
+                log.warning("intent %s parked as unknown: %s", outcome.key, outcome.error,
+                            extra=fields)
+            elif outcome.error_code is not None:
                 log.warning("intent %s: the provider refused it (HTTP %s %s: %s), but an earlier "
                             "attempt's outcome is unknown, so a render may be billed: kept "
                             "as `unknown`, sent again with the same key in %.0fs; settle it "

@@ -1,6 +1,6 @@
-"""A provider whose creates have no idempotency key (issue 19; Replicate, fal, Veo... in the
-issues that follow): an unknown create is never sent again blindly. Until its provider's own
-records can settle it (issue 20), it is parked as `unknown` for an operator."""
+"""A provider whose creates have no idempotency key (Replicate, fal, Veo...): an unknown create
+is never sent again blindly. It becomes `reconciling`, looked up in the provider's own records
+once they have settled (the submitter: tests/integration/test_reconcile.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ from datetime import UTC, datetime
 import pytest
 
 from vidpoll.models import (
-    PARKED_S,
     QUEUED,
+    RECONCILING,
     REJECTED,
     SUBMITTED,
-    UNKNOWN,
     ClaimedIntent,
     ErrorClass,
     HttpAnswer,
@@ -55,10 +54,10 @@ def envelope(code: str) -> bytes:
     HttpAnswer(202, b"{}"),  # accepted, but no job id: a render may run
     HttpAnswer(409, envelope("conflict")),
 ])
-def test_an_unknown_create_is_parked_never_scheduled_again(answer: HttpAnswer) -> None:
+def test_an_unknown_create_is_looked_up_never_sent_again(answer: HttpAnswer) -> None:
     out = decide(answer)
-    assert out.state == UNKNOWN and out.delay_s == PARKED_S
-    assert "intents resolve" in (out.error or "")
+    assert out.state == RECONCILING and out.delay_s == PollPolicy().reconcile_settle_s
+    assert "looked up in the provider's own records" in (out.error or "")
     # the same answer from a provider with a key: sent again with that key, soon
     assert decide(answer, rules=SumeRules()).delay_s < 300
 
@@ -71,6 +70,8 @@ def test_clear_answers_stay_clear_without_a_key() -> None:
     assert throttled.state == QUEUED and throttled.delay_s == 3
 
 
-def test_a_refusal_after_an_unknown_create_is_parked_too() -> None:
+def test_a_refusal_is_final_without_a_key() -> None:
+    # a create without a key goes out only once every earlier one is settled (adopted or
+    # proven absent), so a refusal in the provider's envelope proves nothing was billed
     out = decide(HttpAnswer(402, envelope("insufficient_credits")), unknown_before=True)
-    assert out.state == UNKNOWN and out.delay_s == PARKED_S
+    assert out.state == REJECTED and out.error_code == "insufficient_credits"

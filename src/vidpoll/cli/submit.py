@@ -288,9 +288,11 @@ def intents_show(key: str) -> None:
 
 
 @intents.command("list")
-@click.option("--state", type=click.Choice(["queued", "submitted", "rejected", "unknown"]),
-              help="unknown: refused after an earlier attempt's reply was lost (a render may "
-                   "be billed); `intents resolve` settles them.")
+@click.option("--state", type=click.Choice(["queued", "reconciling", "submitted", "rejected",
+                                           "unknown"]),
+              help="reconciling: a create without an idempotency key whose outcome is unknown, "
+                   "being looked up in the provider's records; unknown: a render may be "
+                   "billed and no answer settles it; `intents resolve` settles them.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--json", "as_json", is_flag=True)
 def intents_list(state: str | None, limit: int, as_json: bool) -> None:
@@ -383,4 +385,5 @@ def intents_stats(as_json: bool) -> None:
         click.echo(f"{state:>12} {n}")
     click.echo(f"active renders: {stats['pending_jobs']} pending jobs + "
                f"{stats['unconfirmed']} unconfirmed POSTs ({stats['unknown']} of them unknown: "
-               "`intents list --state unknown`)")
+               f"`intents list --state unknown`; {stats['reconciling']} being looked up in "
+               "the provider's records)")

@@ -212,6 +212,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                         downloader = await stack.enter_async_context(Downloader.from_settings(
                             download_dir, settings,
                             {a: c.media_headers() for a, c in clients.items()},
+                            {a: c.media_auth_hosts() for a, c in clients.items()},
                             max_connections=delivery_concurrency))
                     deliverer = Deliverer(store, DeliveryConfig(
                         hooks=hooks, concurrency=delivery_concurrency,

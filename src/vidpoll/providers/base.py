@@ -18,7 +18,11 @@ What differs between providers, and where it is said:
   `Client.read_result`, with `Rules.result_not_ready` for the provider's "not yet");
 - media: `Client.media_headers` (what a download from the API's own origin must carry);
 - webhooks: `Provider.webhooks` (verify a delivery and name its job), None when it has none;
-- rate limits: `Rules.rate_limit_headers`; polling: `Rules.min_poll_s`, the default floor.
+- rate limits: `Rules.rate_limit_headers`; polling: `Rules.min_poll_s`, the default floor;
+  `Provider.default_rates`, the fleet-wide budgets an account gets unless it sets its own;
+- reconciling: a client that is also a `Reconciler` (`find_created`) lets an unknown create of
+  a provider without an idempotency key be looked up in the provider's own records (adopted,
+  or proven absent and sent again) instead of parked for an operator.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
@@ -148,8 +153,13 @@ class Client(Protocol):
     def shown_create_url(self) -> str: ...
 
     def media_headers(self) -> Mapping[str, str]:
-        """Headers a media download from the API's own origin must carry (the provider's auth
-        when its file URLs need it); never sent to any other host."""
+        """Headers a media download from the API's own origin (or a `media_auth_hosts` host)
+        must carry (the provider's auth when its file URLs need it); never sent to any other
+        host."""
+
+    def media_auth_hosts(self) -> frozenset[str]:
+        """Hosts besides the API's origin that get `media_headers`, over https only: the
+        provider's own file host (a name matches itself and its subdomains); empty: none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +181,45 @@ class Webhooks(Protocol):
         provider's and recent."""
 
 
+@dataclass(frozen=True, slots=True)
+class CreateLookup:
+    """What a provider's own records say about the creates of one input in a time window.
+
+    `matches`: jobs whose recorded model and input are the intent's (the fields it sent, with
+    their values); `unsure`: jobs of the same model whose input can no longer be compared
+    (removed, or rewritten by the provider): they can be neither adopted nor ruled out.
+    `complete`: every record of the window was read (all pages); False with `failure` set when
+    a call failed (then nothing is proven either way)."""
+
+    complete: bool
+    matches: tuple[str, ...] = ()
+    unsure: tuple[str, ...] = ()
+    calls: int = 0
+    """List requests sent for this lookup."""
+    failure: HttpAnswer | None = None
+    detail: str = ""
+    """Why the lookup is incomplete, for the intent's last_error (no secret, no query)."""
+
+
+class Reconciler(Protocol):
+    """A client that can look up the creates of an input in the provider's own records."""
+
+    async def find_created(self, payload: dict[str, Any], model: str | None,
+                           since: datetime, until: datetime) -> CreateLookup:
+        """Every job the account created between `since` and `until` (the provider's clock)
+        for `model` whose recorded input holds `payload`'s fields with the same values.
+        Never raises for an HTTP failure: `CreateLookup(complete=False, failure=answer)`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderOptions:
+    """What an account may say to its provider beyond the URL and the key (the accounts
+    file); a provider ignores what it has no use for."""
+
+    webhook_url: str | None = None
+    """Where the provider should call when a job ends (creates ask for it)."""
+
+
 class Provider(Protocol):
     """A provider, as an account names it (`provider = "<name>"`)."""
 
@@ -189,7 +238,12 @@ class Provider(Protocol):
     def rules(self) -> Rules: ...
     @property
     def webhooks(self) -> Webhooks | None: ...
+    @property
+    def default_rates(self) -> tuple[float | None, float | None]:
+        """(status reads, creates) a minute an account is paced at, fleet-wide, unless it
+        sets its own (`status_rate_per_min`, `submit_rate_per_min`): the provider's published
+        limits; None: unlimited."""
 
     def client(self, base_url: str, api_key: str, *, timeout_s: float,
-               max_connections: int) -> Client:
+               max_connections: int, options: ProviderOptions = ...) -> Client:
         """A client for one account (entered with `async with`)."""

@@ -15,6 +15,7 @@ from vidpoll.errors import KeyConflict
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
     QUEUED,
+    RECONCILING,
     REJECTED,
     SUBMITTED,
     UNKNOWN,
@@ -46,7 +47,8 @@ def _claimed_intent(row: dict[str, Any]) -> ClaimedIntent:
                          payload=row["payload"], attempts=row["attempts"],
                          consecutive_errors=row["consecutive_errors"], account=row["account"],
                          state=row["state"], outcome_unknown=bool(row["outcome_unknown"]),
-                         model=row.get("model"))
+                         model=row.get("model"), unsettled=bool(row.get("unsettled")),
+                         window_from=row.get("window_from"))
 
 
 class PgIntents(PgBase):
@@ -169,6 +171,12 @@ class PgIntents(PgBase):
             "http_status": outcome.http_status, "request_id": outcome.request_id,
             "error_class": outcome.error_class.value if outcome.error_class else None,
             "error": outcome.error}
+        if outcome.state == SUBMITTED and outcome.adopted:
+            assert outcome.job_id is not None
+            validate_job_id(outcome.job_id)
+            row = await self._one("adopt_job", {**params, "job_id": outcome.job_id,
+                                                "delay_s": 0.0})
+            return bool(row and row["intent_updated"])
         if outcome.state == SUBMITTED:
             assert outcome.job_id is not None
             validate_job_id(outcome.job_id)
@@ -186,9 +194,22 @@ class PgIntents(PgBase):
                 **params, "delay_s": outcome.delay_s, "error_code": outcome.error_code,
                 "error_message": outcome.error_message})
             return row is not None
+        if outcome.state == RECONCILING:
+            row = await self._one("record_intent_reconciling",
+                                  {**params, "delay_s": outcome.delay_s})
+            return row is not None
         assert outcome.state == QUEUED
+        if outcome.settled:
+            row = await self._one("record_intent_settled", params)
+            return row is not None
         row = await self._one("record_intent_retry", {**params, "delay_s": outcome.delay_s})
         return row is not None
+
+    async def jobs_of_ids(self, ids: Sequence[str]) -> dict[str, str | None]:
+        """Which of `ids` are tracked already, each with the intent key that holds it (None:
+        a job added by hand)."""
+        rows = await self._all("jobs_of_ids", {"ids": list(ids)})
+        return {r["job_id"]: r["idempotency_key"] for r in rows}
 
     async def release_intent(self, intent: ClaimedIntent, delay_s: float,
                              now: datetime | None = None) -> bool:

@@ -61,6 +61,9 @@ WITH active AS (
          + (SELECT count(*) FROM (SELECT 1 FROM video_intents
                                   WHERE state = 'unknown' AND account = %(account)s
                                   LIMIT %(max_active)s::int) u)
+         + (SELECT count(*) FROM (SELECT 1 FROM video_intents
+                                  WHERE state = 'reconciling' AND account = %(account)s
+                                  LIMIT %(max_active)s::int) r)
          END AS n
 ),
 me AS (
@@ -80,10 +83,11 @@ paused AS (
                    AND paused_until > clock_timestamp()) AS yes
 ),
 unknowns AS (
-  -- refused after an unknown outcome: re-sent on their own slow schedule (the small partial
-  -- index on (account, next_attempt_at))
-  SELECT ctid FROM video_intents
-  WHERE state = 'unknown' AND account = %(account)s
+  -- refused after an unknown outcome: re-sent on their own slow schedule; and creates being
+  -- looked up in the provider's records (each state its small partial index on
+  -- (account, next_attempt_at))
+  SELECT ctid, claim_token AS old_token FROM video_intents
+  WHERE state IN ('unknown', 'reconciling') AND account = %(account)s
     AND NOT (SELECT yes FROM paused)
     AND next_attempt_at <= coalesce(%(now)s::timestamptz, now())
     AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
@@ -92,7 +96,7 @@ unknowns AS (
   FOR UPDATE SKIP LOCKED
 ),
 retries AS (
-  SELECT ctid FROM video_intents
+  SELECT ctid, claim_token AS old_token FROM video_intents
   WHERE state = 'queued' AND attempts > 0 AND account = %(account)s
     AND NOT (SELECT yes FROM paused)
     AND next_attempt_at <= coalesce(%(now)s::timestamptz, now())
@@ -102,7 +106,7 @@ retries AS (
   FOR UPDATE SKIP LOCKED
 ),
 fresh AS (
-  SELECT ctid FROM video_intents
+  SELECT ctid, claim_token AS old_token FROM video_intents
   WHERE state = 'queued' AND attempts = 0 AND account = %(account)s
     AND NOT (SELECT yes FROM paused)
     AND next_attempt_at <= coalesce(%(now)s::timestamptz, now())
@@ -115,8 +119,8 @@ fresh AS (
               - coalesce((SELECT n FROM ahead), 0) END))
   FOR UPDATE SKIP LOCKED
 ),
-picked AS (SELECT ctid FROM unknowns UNION ALL SELECT ctid FROM retries
-           UNION ALL SELECT ctid FROM fresh)
+picked AS (SELECT ctid, old_token FROM unknowns UNION ALL SELECT ctid, old_token FROM retries
+           UNION ALL SELECT ctid, old_token FROM fresh)
 UPDATE video_intents AS i
 -- the lease starts now, by the wall clock: now() is when the transaction began, before the wait
 -- for the admission lock, and a lease that began in the past would end before the submitter
@@ -126,7 +130,14 @@ SET next_attempt_at = coalesce(%(now)s::timestamptz, clock_timestamp())
     claim_token = gen_random_uuid(),
     claimed_by = %(worker_id)s,
     claimed_at = coalesce(%(now)s::timestamptz, now()),
-    attempts = i.attempts + 1,
+    -- a look-up in the provider's records is no POST
+    attempts = i.attempts + CASE WHEN i.state = 'reconciling' THEN 0 ELSE 1 END,
+    -- a POST may go out now: the window of unsettled creates begins at this claim (a
+    -- previous unsettled one keeps its earlier start)
+    create_window_from = CASE WHEN i.state = 'queued'
+                              THEN coalesce(i.create_window_from,
+                                            coalesce(%(now)s::timestamptz, now()))
+                              ELSE i.create_window_from END,
     -- a previous claim whose attempt was never recorded (its token is still set: the process
     -- died or hung with the POST possibly sent) is an unknown outcome too
     unknown_outcome_at = CASE WHEN i.claim_token IS NOT NULL AND i.attempts > 0
@@ -144,7 +155,12 @@ RETURNING i.idempotency_key, i.claim_token, i.payload, i.attempts, i.consecutive
           -- submitter from before 0010 recorded it without unknown_outcome_at (a rolling
           -- upgrade: migrate first, submitters restarted after)
           (i.unknown_outcome_at IS NOT NULL OR i.state = 'unknown' OR i.attempts > 1)
-            AS outcome_unknown;
+            AS outcome_unknown,
+          -- a create that may have reached the provider and is not settled: the previous
+          -- claim never recorded its POST's answer, or the intent is being looked up
+          ((picked.old_token IS NOT NULL AND i.state = 'queued' AND i.attempts > 1)
+           OR i.state = 'reconciling') AS unsettled,
+          i.create_window_from AS window_from;
 
 -- name: claim_unknown_intents
 -- While an account's submitting is paused for credits (402), its `unknown` intents still go
@@ -153,7 +169,7 @@ RETURNING i.idempotency_key, i.claim_token, i.payload, i.attempts, i.consecutive
 -- claim_intents; a server pause (429) stops these too.
 WITH picked AS (
   SELECT ctid FROM video_intents
-  WHERE state = 'unknown' AND account = %(account)s
+  WHERE state IN ('unknown', 'reconciling') AND account = %(account)s
     AND next_attempt_at <= coalesce(%(now)s::timestamptz, now())
     AND NOT EXISTS (SELECT 1 FROM vidpoll_rate_buckets
                     WHERE account = %(account)s AND kind = 'create'
@@ -168,12 +184,13 @@ SET next_attempt_at = coalesce(%(now)s::timestamptz, clock_timestamp())
     claim_token = gen_random_uuid(),
     claimed_by = %(worker_id)s,
     claimed_at = coalesce(%(now)s::timestamptz, now()),
-    attempts = i.attempts + 1,
+    attempts = i.attempts + CASE WHEN i.state = 'reconciling' THEN 0 ELSE 1 END,
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM picked
 WHERE i.ctid = picked.ctid
 RETURNING i.idempotency_key, i.claim_token, i.payload, i.attempts, i.consecutive_errors,
-          i.account, i.state, i.model, true AS outcome_unknown;
+          i.account, i.state, i.model, true AS outcome_unknown,
+          i.state = 'reconciling' AS unsettled, i.create_window_from AS window_from;
 
 -- name: admission
 -- For `submit` and `intents stats`: how many renders of an account (NULL: all) may be
@@ -183,10 +200,12 @@ SELECT
   (SELECT count(*) FROM video_jobs WHERE state = 'pending'
      AND (%(account)s::text IS NULL OR account = %(account)s)) AS pending_jobs,
   (SELECT count(*) FROM video_intents
-   WHERE ((state = 'queued' AND attempts > 0) OR state = 'unknown')
+   WHERE ((state = 'queued' AND attempts > 0) OR state IN ('unknown', 'reconciling'))
      AND (%(account)s::text IS NULL OR account = %(account)s)) AS unconfirmed,
   (SELECT count(*) FROM video_intents WHERE state = 'unknown'
      AND (%(account)s::text IS NULL OR account = %(account)s)) AS unknown,
+  (SELECT count(*) FROM video_intents WHERE state = 'reconciling'
+     AND (%(account)s::text IS NULL OR account = %(account)s)) AS reconciling,
   (SELECT count(*) FROM video_intents WHERE state = 'queued'
      AND (%(account)s::text IS NULL OR account = %(account)s)) AS queued;
 
@@ -223,7 +242,7 @@ WITH job AS (
       last_http_status = %(http_status)s, last_error_class = NULL,
       last_request_id = coalesce(%(request_id)s, last_request_id)
   WHERE idempotency_key = %(key)s AND claim_token = %(token)s
-    AND state IN ('queued', 'unknown')
+    AND state IN ('queued', 'unknown', 'reconciling')
   RETURNING idempotency_key
 )
 SELECT (SELECT bool_or(inserted) FROM job) AS job_inserted,
@@ -270,7 +289,8 @@ SET state = 'unknown',
     error_code = coalesce(%(error_code)s, error_code),
     error_message = CASE WHEN %(error_code)s::text IS NULL THEN error_message
                          ELSE %(error_message)s END
-WHERE idempotency_key = %(key)s AND claim_token = %(token)s AND state IN ('queued', 'unknown')
+WHERE idempotency_key = %(key)s AND claim_token = %(token)s
+  AND state IN ('queued', 'unknown', 'reconciling')
 RETURNING idempotency_key;
 
 -- name: release_intent
@@ -278,9 +298,14 @@ RETURNING idempotency_key;
 -- the API key (nothing started). Due again after the delay.
 UPDATE video_intents
 SET next_attempt_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
-    attempts = greatest(0, attempts - 1), claim_token = NULL,
+    attempts = CASE WHEN state = 'reconciling' THEN attempts ELSE greatest(0, attempts - 1) END,
+    -- nothing was sent under this claim: a window it opened closes again
+    create_window_from = CASE WHEN create_window_from = claimed_at THEN NULL
+                              ELSE create_window_from END,
+    claim_token = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now())
-WHERE idempotency_key = %(key)s AND claim_token = %(token)s AND state IN ('queued', 'unknown')
+WHERE idempotency_key = %(key)s AND claim_token = %(token)s
+  AND state IN ('queued', 'unknown', 'reconciling')
 RETURNING idempotency_key;
 
 -- name: resolve_intent_job
@@ -295,7 +320,7 @@ WITH i AS (
       updated_at = coalesce(%(now)s::timestamptz, now()),
       resolution = 'job', resolved_at = coalesce(%(now)s::timestamptz, now()),
       rejected_at = NULL, consecutive_errors = 0, claim_token = NULL
-  WHERE idempotency_key = %(key)s AND state IN ('queued', 'unknown', 'rejected')
+  WHERE idempotency_key = %(key)s AND state IN ('queued', 'unknown', 'reconciling', 'rejected')
     AND (claim_token IS NULL OR next_attempt_at <= coalesce(%(now)s::timestamptz, now()))
     AND NOT EXISTS (SELECT 1 FROM video_jobs j
                     WHERE j.job_id = %(job_id)s AND j.idempotency_key IS NOT NULL
@@ -323,7 +348,7 @@ UPDATE video_intents
 SET state = 'rejected', rejected_at = coalesce(%(now)s::timestamptz, now()),
     resolution = 'not_billed', resolved_at = coalesce(%(now)s::timestamptz, now()),
     updated_at = coalesce(%(now)s::timestamptz, now()), claim_token = NULL
-WHERE idempotency_key = %(key)s AND state IN ('queued', 'unknown')
+WHERE idempotency_key = %(key)s AND state IN ('queued', 'unknown', 'reconciling')
   AND (claim_token IS NULL OR next_attempt_at <= coalesce(%(now)s::timestamptz, now()))
 RETURNING idempotency_key;
 
@@ -359,7 +384,7 @@ RETURNING idempotency_key;
 SELECT extract(epoch FROM min(next_attempt_at) - now())::float8 AS next_due_in_s
 FROM video_intents
 WHERE (state = 'queued' AND account = ANY(%(accounts)s::text[]))
-   OR (state = 'unknown'
+   OR (state IN ('unknown', 'reconciling')
        AND account = ANY(%(accounts)s::text[] || %(unknown_accounts)s::text[]));
 
 -- name: count_intents_by_state
@@ -368,4 +393,74 @@ SELECT state, count(*) AS n FROM video_intents GROUP BY state ORDER BY state;
 -- name: has_queued_intents
 -- For --drain with the submitter on: is any intent still waiting to be sent?
 SELECT EXISTS (SELECT 1 FROM video_intents
-               WHERE state = 'queued' AND account = ANY(%(accounts)s::text[])) AS has_queued;
+               WHERE state IN ('queued', 'reconciling')
+                 AND account = ANY(%(accounts)s::text[])) AS has_queued;
+
+-- name: record_intent_reconciling
+-- A create of a provider without an idempotency key whose outcome is unknown (or whose
+-- look-up found nothing certain yet): looked up in the provider's records after the delay,
+-- never sent again meanwhile. Fenced like every intent write.
+UPDATE video_intents
+SET state = 'reconciling',
+    next_attempt_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
+    unknown_outcome_at = coalesce(unknown_outcome_at, coalesce(%(now)s::timestamptz, now())),
+    create_window_from = coalesce(create_window_from, claimed_at),
+    consecutive_errors = consecutive_errors + 1, claim_token = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    last_http_status = coalesce(%(http_status)s, last_http_status),
+    last_error_class = coalesce(%(error_class)s, last_error_class),
+    last_error = %(error)s, last_request_id = coalesce(%(request_id)s, last_request_id)
+WHERE idempotency_key = %(key)s AND claim_token = %(token)s
+  AND state IN ('queued', 'reconciling')
+RETURNING idempotency_key;
+
+-- name: record_intent_settled
+-- The provider's records prove that no create of this intent was made (the whole window
+-- listed, its settle time passed): queued again, due at once, sent once more. Its window
+-- closes; the look-up that proved it is kept in last_error.
+UPDATE video_intents
+SET state = 'queued', next_attempt_at = coalesce(%(now)s::timestamptz, now()),
+    create_window_from = NULL, unknown_outcome_at = NULL, claim_token = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now()),
+    last_error = %(error)s
+WHERE idempotency_key = %(key)s AND claim_token = %(token)s
+  AND state IN ('queued', 'reconciling')
+RETURNING idempotency_key;
+
+-- name: adopt_job
+-- A look-up found this intent's job in the provider's records: the job row is inserted and
+-- the intent marked submitted in one statement, exactly as after a 201. A job another intent
+-- already holds is never adopted (ON CONFLICT updates only a row with no key or this key; two
+-- submitters adopting one job for two keys: the second waits on the first's row, then finds
+-- its key and adopts nothing).
+WITH job AS (
+  INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key, account, provider)
+  SELECT %(job_id)s, 'pending',
+         coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
+         i.idempotency_key, i.account, i.provider
+  FROM video_intents i
+  WHERE i.idempotency_key = %(key)s AND i.claim_token = %(token)s
+    AND i.state IN ('queued', 'reconciling')
+  ON CONFLICT (job_id) DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
+    WHERE video_jobs.idempotency_key IS NULL
+       OR video_jobs.idempotency_key = EXCLUDED.idempotency_key
+  RETURNING job_id
+), intent AS (
+  UPDATE video_intents
+  SET state = 'submitted', job_id = %(job_id)s,
+      submitted_at = coalesce(%(now)s::timestamptz, now()),
+      updated_at = coalesce(%(now)s::timestamptz, now()),
+      create_window_from = NULL, consecutive_errors = 0, claim_token = NULL,
+      last_error = %(error)s
+  WHERE idempotency_key = %(key)s AND claim_token = %(token)s
+    AND state IN ('queued', 'reconciling')
+    AND EXISTS (SELECT 1 FROM job)
+  RETURNING idempotency_key
+)
+SELECT EXISTS (SELECT 1 FROM job) AS adopted, EXISTS (SELECT 1 FROM intent) AS intent_updated;
+
+-- name: jobs_of_ids
+-- Which of some job ids vidpoll tracks already, and under which key (NULL: added by hand):
+-- a look-up never adopts a job another intent holds.
+SELECT job_id, idempotency_key FROM video_jobs WHERE job_id = ANY(%(ids)s::text[]);
+

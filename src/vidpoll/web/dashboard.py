@@ -50,6 +50,7 @@ from vidpoll.models import (
     LOCAL_TERMINAL_STATES,
     PENDING,
     QUEUED,
+    RECONCILING,
     REJECTED,
     SUBMITTED,
     UNKNOWN,
@@ -66,7 +67,7 @@ FORWARDED_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real
 DONE_WORDS = frozenset({"poll_now", "resume", "poll_now_refused", "resume_refused", "retried",
                         "retry_refused"})
 CHART_MINUTES = 60
-INTENT_STATES = (REJECTED, UNKNOWN, QUEUED, SUBMITTED)
+INTENT_STATES = (REJECTED, UNKNOWN, RECONCILING, QUEUED, SUBMITTED)
 
 KDF_N, KDF_R, KDF_P = 2**15, 8, 1
 """scrypt's cost for the signing key: 32 MiB and about 80 ms of one core (measured on the 2-core
