@@ -803,8 +803,16 @@ class Deliverer(Runner):
             why = ("its result could not be fetched" if job.result_state == "failed"
                    else "it has no result")
             return self._outcome(claim, "failed", error=f"nothing to download: {why}")
-        urls = registry.load(job.provider or registry.DEFAULT_PROVIDER).rules.media_urls(
-            job.result)
+        rules = registry.load(job.provider or registry.DEFAULT_PROVIDER).rules
+        result_problem = getattr(rules, "result_problem", None)  # optional (providers/base.py)
+        gone = result_problem(job.result) if callable(result_problem) else None
+        if gone:
+            # the provider deleted the files (its retention ran out): no retry brings them back
+            log.error("job %s: %s", job.job_id, gone,
+                      extra=event(job_id=job.job_id, account=job.account, consumer=DOWNLOAD,
+                                  outcome="failed"))
+            return self._outcome(claim, "failed", error=str(gone)[:MAX_ERROR_TEXT])
+        urls = rules.media_urls(job.result)
         if len(urls) > MAX_MEDIA_URLS:
             return self._outcome(claim, "failed", error=f"the result lists {len(urls)} media "
                                                         f"URLs (more than {MAX_MEDIA_URLS})")

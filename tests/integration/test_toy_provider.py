@@ -10,6 +10,7 @@ its own, and the worker, the store, the triggers and the deliveries do the rest.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
@@ -28,6 +29,7 @@ from vidpoll.providers import registry
 from vidpoll.providers.base import (
     NeutralOutcome,
     Pending,
+    ProviderOptions,
     ResultSource,
     StatusView,
     Terminal,
@@ -81,6 +83,7 @@ class ToyRules:
 
 
 RULES = ToyRules()
+NO_OPTIONS = ProviderOptions()
 
 
 class ToyClient:
@@ -138,6 +141,9 @@ class ToyClient:
     def media_headers(self) -> Mapping[str, str]:
         return {"X-Toy-Key": self._key}
 
+    def media_auth_hosts(self) -> frozenset[str]:
+        return frozenset()  # its files are on its API's origin
+
 
 class ToyProvider:
     name = "toy"
@@ -145,9 +151,10 @@ class ToyProvider:
     env_prefix = "TOY"
     rules = RULES
     webhooks = None
+    default_rates: tuple[float | None, float | None] = (None, None)
 
     def client(self, base_url: str, api_key: str, *, timeout_s: float,
-               max_connections: int) -> ToyClient:
+               max_connections: int, options: ProviderOptions = NO_OPTIONS) -> ToyClient:
         return ToyClient(base_url, api_key, timeout_s=timeout_s,
                          max_connections=max_connections)
 
@@ -253,7 +260,9 @@ async def test_an_unknown_create_without_an_idempotency_key_is_parked_not_sent_a
                                        provider="toy", model="toy/v2")
     assert intent.provider == "toy" and intent.model == "toy/v2"
     async with ToyClient(toy.base, "toy-key") as client:
-        config = SubmitterConfig(policy=FAST_POLICY, lease_s=5.0, http_timeout_s=1.0,
+        # no records to search (Toy has no list): parked once its settle time has passed
+        config = SubmitterConfig(policy=dataclasses.replace(FAST_POLICY, reconcile_settle_s=0.1),
+                                 lease_s=5.0, http_timeout_s=1.0,
                                  first_poll_s=0.0, max_active=None, drain=True,
                                  accounts=("toyacct",))
         await asyncio.wait_for(Submitter(store, {"toyacct": client}, config).run(), 20)

@@ -182,7 +182,7 @@ def test_with_nothing_set_default_is_a_keyless_account_as_before(tmp_path):
 
 def test_the_environments_names_are_built_from_the_providers_prefix():
     toy = SimpleNamespace(name="toy", default_base_url="https://api.toy.example",
-                          env_prefix="TOY")
+                          env_prefix="TOY", default_rates=(None, None))
     found = environment_accounts({"TOY_API_KEY_TEAM": "t-1", "TOY_WEBHOOK_SECRET": "w",
                                   "SUME_API_KEY": "not-this-one"},
                                  toy, "https://api.toy.example")  # type: ignore[arg-type]
@@ -288,8 +288,8 @@ KEYED = 'api_key_env = "REP_KEY"'
 
 # (what, the file, the field, words the message must hold)
 BAD_FIELDS = [
-    ("unknown provider", account('provider = "replicate"', KEYED), "provider",
-     "unknown provider 'replicate' (known: {known})"),
+    ("unknown provider", account('provider = "nosuch"', KEYED), "provider",
+     "unknown provider 'nosuch' (known: {known})"),
     ("provider not a string", account("provider = 3", KEYED), "provider",
      "must be a provider's name"),
     ("a key as the provider", account(f'provider = "{SECRET}"', KEYED), "provider",
@@ -324,7 +324,8 @@ BAD_FIELDS = [
      "headers", "keys never go in"),
     ("a typo", account(KEYED, "status_rate_per_minute = 10"), "status_rate_per_minute",
      "unknown field (did you mean status_rate_per_min? allowed: provider, base_url, "
-     "api_key_env, webhook_secret_env, status_rate_per_min, submit_rate_per_min)"),
+     "api_key_env, webhook_secret_env, status_rate_per_min, submit_rate_per_min, "
+     "webhook_url)"),
     ("an unknown field", account(KEYED, "colour = 'red'"), "colour",
      "unknown field (allowed: provider, base_url"),
     ("webhook_secret_env holding the secret", account(KEYED, f'webhook_secret_env = '
@@ -427,3 +428,41 @@ def test_the_file_reader_is_usable_alone(tmp_path):
     path = tmp_path / "a.toml"
     path.write_text(GOOD)
     assert read_accounts_file(path, {"REPLICATE_API_TOKEN": "k"})["rep"].api_key == "k"
+
+
+def test_a_replicate_account_gets_replicates_published_limits_and_a_webhook_url(tmp_path):
+    settings = from_file(tmp_path, """
+[accounts.rep]
+provider = "replicate"
+api_key_env = "REPLICATE_API_TOKEN"
+webhook_url = "https://hooks.example.com/webhooks/replicate"
+
+[accounts.slow]
+provider = "replicate"
+api_key_env = "REPLICATE_API_TOKEN"
+submit_rate_per_min = 6
+""", REPLICATE_API_TOKEN="r8_abc")
+    rep, slow = settings.accounts["rep"], settings.accounts["slow"]
+    assert (rep.status_rate_per_min, rep.submit_rate_per_min) == (3000.0, 600.0)
+    assert rep.webhook_url == "https://hooks.example.com/webhooks/replicate"
+    assert rep.base_url == "https://api.replicate.com"
+    assert (slow.status_rate_per_min, slow.submit_rate_per_min) == (3000.0, 6.0)
+    assert slow.webhook_url is None
+    assert settings.budget("create", "rep") is not None
+
+
+@pytest.mark.parametrize("value, why", [
+    ('"http://hooks.example.com/x"', "plain http://"),
+    ('"https://hooks.example.com/x?token=abc"', "query string"),
+    ("42", "must be a string"),
+])
+def test_a_bad_webhook_url_is_a_clear_error(tmp_path, value, why):
+    with pytest.raises(ConfigError) as err:
+        from_file(tmp_path, f"""
+[accounts.rep]
+provider = "replicate"
+api_key_env = "REPLICATE_API_TOKEN"
+webhook_url = {value}
+""", REPLICATE_API_TOKEN="r8_abc")
+    assert "webhook_url" in str(err.value) and why in str(err.value)
+    assert "abc" not in str(err.value).replace("r8_abc", "")

@@ -23,6 +23,13 @@ What differs between providers, and where it is said:
 - reconciling: a client that is also a `Reconciler` (`find_created`) lets an unknown create of
   a provider without an idempotency key be looked up in the provider's own records (adopted,
   or proven absent and sent again) instead of parked for an operator.
+
+Optional members, looked up with getattr (a provider without them loses nothing):
+`Client.find_created` (above); `Rules.model_problem(model) -> str | None` (why `submit
+--model` cannot name a model of the provider, checked before the intent is recorded);
+`Rules.result_problem(result) -> str | None` (why a succeeded job's media can never be
+downloaded, e.g. the provider deleted them: the download fails at once with that reason
+instead of retrying).
 """
 
 from __future__ import annotations

@@ -83,16 +83,27 @@ paused AS (
                    AND paused_until > clock_timestamp()) AS yes
 ),
 unknowns AS (
-  -- refused after an unknown outcome: re-sent on their own slow schedule; and creates being
-  -- looked up in the provider's records (each state its small partial index on
-  -- (account, next_attempt_at))
+  -- refused after an unknown outcome: re-sent on their own slow schedule (the small partial
+  -- index on (account, next_attempt_at))
   SELECT ctid, claim_token AS old_token FROM video_intents
-  WHERE state IN ('unknown', 'reconciling') AND account = %(account)s
+  WHERE state = 'unknown' AND account = %(account)s
     AND NOT (SELECT yes FROM paused)
     AND next_attempt_at <= coalesce(%(now)s::timestamptz, now())
     AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
   ORDER BY next_attempt_at
   LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED
+),
+lookups AS (
+  -- creates without an idempotency key being looked up in the provider's records (0015;
+  -- their own small partial index)
+  SELECT ctid, claim_token AS old_token FROM video_intents
+  WHERE state = 'reconciling' AND account = %(account)s
+    AND NOT (SELECT yes FROM paused)
+    AND next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+    AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
+  ORDER BY next_attempt_at
+  LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM unknowns))
   FOR UPDATE SKIP LOCKED
 ),
 retries AS (
@@ -102,7 +113,8 @@ retries AS (
     AND next_attempt_at <= coalesce(%(now)s::timestamptz, now())
     AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
   ORDER BY priority DESC, seq
-  LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM unknowns))
+  LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM unknowns)
+                   - (SELECT count(*) FROM lookups))
   FOR UPDATE SKIP LOCKED
 ),
 fresh AS (
@@ -113,13 +125,15 @@ fresh AS (
     AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
   ORDER BY priority DESC, seq
   LIMIT greatest(0, least(
-    %(limit)s - (SELECT count(*) FROM unknowns) - (SELECT count(*) FROM retries),
+    %(limit)s - (SELECT count(*) FROM unknowns) - (SELECT count(*) FROM lookups)
+      - (SELECT count(*) FROM retries),
     CASE WHEN %(max_active)s::int IS NULL THEN %(limit)s
          ELSE %(max_active)s::int - (SELECT n FROM active)
               - coalesce((SELECT n FROM ahead), 0) END))
   FOR UPDATE SKIP LOCKED
 ),
-picked AS (SELECT ctid, old_token FROM unknowns UNION ALL SELECT ctid, old_token FROM retries
+picked AS (SELECT ctid, old_token FROM unknowns UNION ALL SELECT ctid, old_token FROM lookups
+           UNION ALL SELECT ctid, old_token FROM retries
            UNION ALL SELECT ctid, old_token FROM fresh)
 UPDATE video_intents AS i
 -- the lease starts now, by the wall clock: now() is when the transaction began, before the wait

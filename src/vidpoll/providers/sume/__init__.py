@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vidpoll.providers.base import ProviderOptions
+
 if TYPE_CHECKING:
     from vidpoll.providers.base import Client, Rules, Webhooks
 
 DEFAULT_BASE_URL = "https://api.sume.com"
+_NO_OPTIONS = ProviderOptions()
 
 
 class SumeProvider:
@@ -23,6 +26,8 @@ class SumeProvider:
     env_prefix = "SUME"
     """The single-account settings without a config file: SUME_API_KEY, SUME_BASE_URL,
     SUME_API_KEY_<ACCOUNT>, SUME_WEBHOOK_SECRET (as the seed and every earlier release)."""
+    default_rates: tuple[float | None, float | None] = (None, None)
+    """Sume publishes no limits: an account is paced only by what it sets itself."""
 
     @property
     def rules(self) -> Rules:
@@ -35,7 +40,8 @@ class SumeProvider:
         return WEBHOOKS
 
     def client(self, base_url: str, api_key: str, *, timeout_s: float,
-               max_connections: int) -> Client:
+               max_connections: int, options: ProviderOptions = _NO_OPTIONS) -> Client:
+        """A client for one account; `options` are ignored (a Sume create carries none)."""
         from vidpoll.providers.sume.client import SumeClient
         return SumeClient(base_url, api_key, timeout_s=timeout_s,
                           max_connections=max_connections)

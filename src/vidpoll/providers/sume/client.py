@@ -1,61 +1,45 @@
-"""The Sume HTTP client: the only module that talks HTTP to the provider.
+"""The Sume HTTP client: Sume's paths and request shapes over the shared plumbing
+(`vidpoll.providers.http.JsonApiClient`: the key scrubbed from every body, links' query
+strings from status bodies, every failure an answer).
 
 It never interprets an answer beyond transport (that is `rules`, applied by vidpoll.policy's
-generic rules) and never logs
-headers, so the API key cannot leak through it.
+generic rules) and never logs headers, so the API key cannot leak through it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import dataclasses
-import functools
-import html.entities
 import json
-import re
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any
 
-import aiohttp
 from yarl import URL
 
-from vidpoll.media import job_path_segment, map_strings, may_hold_url, redact_urls, shown_url
-from vidpoll.models import ErrorClass, HttpAnswer
+from vidpoll.media import job_path_segment as job_path_segment
+from vidpoll.media import shown_url
+from vidpoll.models import HttpAnswer
+from vidpoll.providers.http import MAX_BODY_BYTES as MAX_BODY_BYTES
+from vidpoll.providers.http import REDACTED as REDACTED
+from vidpoll.providers.http import SCRUB_INLINE_BYTES as SCRUB_INLINE_BYTES
+from vidpoll.providers.http import JsonApiClient, job_url, normal_base, scrub_body
+from vidpoll.providers.http import key_problem as key_problem
+from vidpoll.providers.http import secret_pattern as secret_pattern
 from vidpoll.providers.sume.rules import RULES
 
 DEFAULT_BASE_URL = "https://api.sume.com"
 DEFAULT_STATUS_PATH = "/v1/jobs/{job_id}/status"
 DEFAULT_CREATE_PATH = "/v1/videos"
 DEFAULT_RESULT_PATH = "/v1/jobs/{job_id}/result"
-MAX_BODY_BYTES = 1 << 20
-SCRUB_INLINE_BYTES = 64 << 10
-"""A body longer than this is scrubbed in a thread, not on the event loop."""
+
+_scrub_body = scrub_body
+"""The scrub under its earlier name here (tests/unit/test_scrub.py and others import it)."""
 
 
 def status_url(base_url: str, job_id: str, path: str = DEFAULT_STATUS_PATH) -> URL:
     """The status URL of one job, already encoded, so aiohttp sends it byte for byte."""
-    return _job_url(_normal_base(base_url), job_id, path)
+    return job_url(normal_base(base_url), job_id, path)
 
 
-def key_problem(api_key: str) -> str | None:
-    """Why `api_key` cannot go into an HTTP header (a control character, which aiohttp
-    refuses to write), else None. Never quotes the key."""
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in api_key):
-        return "it holds a control character (a pasted newline or escape?)"
-    return None
-
-
-def _normal_base(base_url: str) -> str:
-    return str(URL(base_url)).rstrip("/")
-
-
-def _job_url(base: str, job_id: str, path: str) -> URL:
-    return URL(base + path.replace("{job_id}", job_path_segment(job_id)), encoded=True)
-
-
-class SumeClient:
+class SumeClient(JsonApiClient):
     """Async client for Sume's job endpoints with a short total timeout per call
     (`vidpoll.providers.base.Client`)."""
 
@@ -64,52 +48,23 @@ class SumeClient:
     def __init__(self, base_url: str, api_key: str, *, timeout_s: float = 15.0,
                  max_connections: int = 100, status_path: str = DEFAULT_STATUS_PATH,
                  create_path: str = DEFAULT_CREATE_PATH) -> None:
-        self.base_url = base_url
-        self._base = _normal_base(base_url)  # parsed once: this runs on every read
-        self._api_key = api_key
-        self.key_problem = key_problem(api_key)
-        """Why the key cannot be sent (then every call answers so without sending); None."""
-        self._key_bytes = api_key.encode() if api_key else b""
-        if api_key:
-            _key_traces(self._key_bytes)  # compiled once, here, not on the first read's loop turn
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._max_connections = max_connections
+        super().__init__(base_url, api_key, timeout_s=timeout_s,
+                         max_connections=max_connections)
         self._status_path = status_path
         self._create_path = create_path
-        self._session: aiohttp.ClientSession | None = None
-
-    def __repr__(self) -> str:
-        return f"SumeClient(base_url={self.base_url!r}, api_key=<redacted>)"
-
-    async def __aenter__(self) -> SumeClient:
-        connector = aiohttp.TCPConnector(limit=self._max_connections,
-                                         limit_per_host=self._max_connections)
-        headers = {"Accept": "application/json", "User-Agent": "vidpoll"}
-        if self.key_problem is None:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, raise_for_status=False,
-            headers=headers)
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Close the connection pool."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
     def shown_status_url(self, job_id: str) -> str:
         """The status URL of `job_id` as logs and `vidpoll doctor` show it: scheme, host, port
         and path only (never credentials, a query string or the key, which is a header)."""
-        return shown_url(str(_job_url(self._base, job_id, self._status_path)))
+        return shown_url(str(job_url(self._base, job_id, self._status_path)))
 
     def media_headers(self) -> Mapping[str, str]:
         """Sume's media links are signed: a download carries no header of the account."""
         return {}
+
+    def media_auth_hosts(self) -> frozenset[str]:
+        """No file host gets the account's headers (its links are signed)."""
+        return frozenset()
 
     def shown_create_url(self) -> str:
         """The create URL (POST) as logs show it: scheme, host, port and path only."""
@@ -119,12 +74,12 @@ class SumeClient:
         """GET the job's status; every failure comes back as an HttpAnswer, never raised.
         Its URLs lose their query strings whatever the status: the answer is stored
         (`last_response`) and archived, and nothing downloads from a status answer."""
-        return await self._call("GET", _job_url(self._base, job_id, self._status_path))
+        return await self._call("GET", job_url(self._base, job_id, self._status_path))
 
     async def read_result(self, job_id: str) -> HttpAnswer:
         """GET a completed job's result (409 job_not_completed until it is ready)."""
         # its signed links are the download's: a 2xx keeps them (the key never)
-        return await self._call("GET", _job_url(self._base, job_id, DEFAULT_RESULT_PATH),
+        return await self._call("GET", job_url(self._base, job_id, DEFAULT_RESULT_PATH),
                                 keep_links=True)
 
     async def create_video(self, payload: dict[str, Any], idempotency_key: str,
@@ -137,282 +92,3 @@ class SumeClient:
                                 headers={"Idempotency-Key": idempotency_key,
                                          "Content-Type": "application/json"},
                                 keep_links=True)
-
-    async def _call(self, method: str, url: URL, *, keep_links: bool = False,
-                    **kwargs: Any) -> HttpAnswer:
-        assert self._session is not None, "use `async with SumeClient(...)`"
-        if self.key_problem is not None:
-            return HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
-                              detail=f"not sent: the API key cannot go into an HTTP header: "
-                                     f"{self.key_problem}")
-        try:
-            # no redirects: a redirect target may carry a signed query string, and an error
-            # about it would put that URL into logs and last_error
-            async with self._session.request(method, url, allow_redirects=False,
-                                             **kwargs) as resp:
-                # read(n) answers what has arrived, up to n: read until the end or the cap
-                # (one read gave a long body cut at its first chunk)
-                got = bytearray()
-                while len(got) <= MAX_BODY_BYTES and (
-                        chunk := await resp.content.read(MAX_BODY_BYTES + 1 - len(got))):
-                    got += chunk
-                body = bytes(got)
-                if len(body) > MAX_BODY_BYTES:
-                    return HttpAnswer(resp.status, b"", transport_error=ErrorClass.MALFORMED,
-                                      detail=f"body larger than {MAX_BODY_BYTES} bytes")
-                status, headers = resp.status, resp.headers
-        except TimeoutError:
-            return HttpAnswer(None, transport_error=ErrorClass.TIMEOUT,
-                              detail=f"no answer within {self._timeout.total:g} s")
-        except aiohttp.ClientPayloadError as exc:
-            return HttpAnswer(None, transport_error=ErrorClass.MALFORMED,
-                              detail=f"broken body: {type(exc).__name__}")
-        except (aiohttp.ClientError, OSError) as exc:
-            return HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
-                              detail=f"{type(exc).__name__}: {_short(exc)}")
-        except ValueError as exc:
-            # aiohttp refuses a header it cannot write (a control character: "Forbidden
-            # control character detected in headers"); its text is not shown, a header may be
-            # the key
-            return HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
-                              detail=f"not sent: a request header could not be written "
-                                     f"({type(exc).__name__}); check the API key's setting")
-        scrub = functools.partial(_scrub_body, body, self._key_bytes, status,
-                                  keep_links=keep_links)
-        # a long body off the loop: linear, still up to ~0.1 s for 1 MiB of adversarial
-        # text, while the loop serves every other job (in a thread the loop waits ~1/8 of it)
-        return HttpAnswer(
-            status, scrub() if len(body) <= SCRUB_INLINE_BYTES else await asyncio.to_thread(scrub),
-            retry_after=headers.get("Retry-After"),
-            request_id=headers.get("X-Request-Id"),
-            ratelimit_remaining=(headers.get("RateLimit-Remaining")
-                                 or headers.get("X-RateLimit-Remaining")),
-            ratelimit_reset=(headers.get("RateLimit-Reset")
-                             or headers.get("X-RateLimit-Reset")))
-
-
-def _scrub_body(body: bytes, api_key: bytes, status: int, *, keep_links: bool = False) -> bytes:
-    """The body as stored and logged downstream: never our own key (a provider or proxy may
-    echo it, escaped or not), and no URL's query string (a signature) unless `keep_links`
-    (a 2xx result, whose signed links the download needs, or a 2xx create, whose job id is
-    read as sent).
-
-    A JSON body is parsed, each string and object key scrubbed as decoded text, and written
-    again, so it stays valid JSON (a text substitution could eat an escaped quote) and no
-    escape (`\\/`, `\\u0041`) hides the key; a member the parse dropped (a duplicated name:
-    the last one wins) goes with the rewrite. Any other body (HTML, text, JSON cut short or
-    nested too deep to parse) is scrubbed as text, where the key is found in each form it
-    may take there: as written, JSON-escaped, percent-encoded, as HTML character references,
-    `+` form-decoded to a space (`secret_pattern`) or base64-encoded (Basic auth). A UTF-16
-    or UTF-32 body (a BOM, or text starting with ASCII) is scrubbed as the text it encodes
-    and, when anything went, comes back as UTF-8; the key's own UTF-16/32 bytes go wherever
-    they are. Walks are iterative: no depth raises RecursionError, and every pattern is
-    linear in the body's length. An answer with nothing to scrub is returned as it came.
-    """
-    if not body:
-        return body
-    if len(body) > MAX_BODY_BYTES:
-        # never called with more (the read stops there): no caller hands the patterns a
-        # body longer than the one the linear-time tests measure
-        return b""
-    traces = _key_traces(api_key) if api_key else None
-    if traces is not None:
-        for wide, replacement in traces.wide:
-            if wide in body:
-                body = body.replace(wide, replacement)
-    encoding = json.detect_encoding(body)
-    if encoding not in ("utf-8", "utf-8-sig"):
-        # UTF-16/32 (a BOM, or NUL bytes beside the first characters): the text it encodes,
-        # scrubbed as UTF-8; nothing found there, the body as it came
-        narrow = body.decode(encoding, "replace").encode("utf-8", "surrogateescape")
-        shown = _scrub_narrow(narrow, traces, status, keep_links)
-        if shown is not narrow:
-            body = shown
-    # and always as UTF-8 (a body that only looked wide: binary with NUL bytes up front)
-    return _scrub_narrow(body, traces, status, keep_links)
-
-
-def _scrub_narrow(body: bytes, traces: _KeyTraces | None, status: int,
-                  keep_links: bool) -> bytes:
-    """`_scrub_body` of a body read as UTF-8: `body` itself when nothing was scrubbed."""
-    pattern = traces.pattern if traces is not None else None
-    # without an escape's first byte (JSON, percent, HTML) the key can only be there as
-    # written (or with a space for a `+`, or base64), a URL's query, fragment or
-    # credentials only behind a plain `?`, `#` or `@`
-    escaped = b"\\" in body or b"%" in body or b"&" in body  # (faster than one regex)
-    has_key = traces is not None and (
-        traces.plain in body or any(b64 in body for b64 in traces.base64) or (
-            escaped and traces.pattern.search(body.decode("utf-8", "surrogateescape"))
-            is not None))
-    urls = (not (keep_links and 200 <= status < 300)
-            and (escaped or b"?" in body or b"#" in body or b"@" in body)
-            and _MAY_HOLD_URL.search(body) is not None)
-    if not (has_key or urls):
-        return body
-
-    def scrub(text: str) -> str:
-        if urls and may_hold_url(text):
-            # URLs first: a key inside a query string goes with it, and the `<redacted>`
-            # put in its place would end the URL early (its `<`), leaving the rest shown
-            text = redact_urls(text)
-        if pattern is None or traces is None:
-            return text
-        text = pattern.sub(REDACTED, text)
-        for b64 in traces.base64_text:
-            if b64 in text:
-                text = text.replace(b64, REDACTED)
-        return text
-
-    text = body.decode("utf-8", "surrogateescape")
-    try:
-        value = json.loads(body)
-    except (ValueError, RecursionError):  # not JSON, or nested deeper than json parses
-        shown = scrub(text)
-        return body if shown == text else shown.encode("utf-8", "surrogateescape")
-    value, changed = map_strings(value, scrub, scrub)
-    if not changed:
-        if not (has_key or urls):
-            return body
-        if not _duplicate_members(body):
-            # the key in a form the values do not show: scrubbed as text, else as it came
-            shown = scrub(text) if has_key else text
-            return body if shown == text else shown.encode("utf-8", "surrogateescape")
-    # written again: a duplicated member (`{"error": "<key>", "error": "x"}`) is in the
-    # bytes, not in the value the parse kept
-    try:
-        return json.dumps(value).encode()
-    except (ValueError, RecursionError):  # parsed here, yet too deep to write back: text
-        return scrub(text).encode("utf-8", "surrogateescape")
-
-
-REDACTED = "<redacted>"
-_MAY_HOLD_URL = re.compile(rb"(?i):(?://|\\|&|%(?:25)*+2f)|%(?:25)*+3a")
-"""The start of a URL's `://`, as written or escaped (see media.redact_urls)."""
-_WIDE_ENCODINGS = ("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")
-_MIN_BASE64_CORE = 8
-"""A base64 core shorter than this (a key of a few bytes) is not searched for: it would
-match ordinary words."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _KeyTraces:
-    """What betrays one key in a body, computed once per key."""
-
-    pattern: re.Pattern[str]
-    plain: bytes
-    """The key's longest run without `+`: a form-decoded echo (`+` read as a space) holds it."""
-    base64: tuple[bytes, ...]
-    base64_text: tuple[str, ...]
-    wide: tuple[tuple[bytes, bytes], ...]
-    """(the key in UTF-16/32, `<redacted>` in the same encoding)."""
-
-
-@functools.lru_cache(maxsize=32)
-def _key_traces(api_key: bytes) -> _KeyTraces:
-    key = api_key.decode("utf-8", "surrogateescape")
-    cores = _base64_cores(api_key)
-    return _KeyTraces(
-        secret_pattern(key), max(api_key.split(b"+"), key=len), cores,
-        tuple(c.decode() for c in cores),
-        tuple((key.encode(enc, "surrogatepass"), REDACTED.encode(enc))
-              for enc in _WIDE_ENCODINGS))
-
-
-def _base64_cores(key: bytes) -> tuple[bytes, ...]:
-    """The base64 characters that depend on `key` alone, for each of the three alignments
-    it may have in an encoded string (`key`, `key:`, `user:key`: HTTP Basic auth), in the
-    standard and the URL-safe alphabet. A body holding one holds the key, base64-encoded."""
-    cores: list[bytes] = []
-    for pad in range(3):
-        encoded = base64.b64encode(b"\0" * pad + key + b"\0\0")
-        # character j carries bits 6j..6j+5; the key's bits are 8*pad..8*(pad+len)-1
-        core = encoded[-(-8 * pad // 6):8 * (pad + len(key)) // 6]
-        if len(core) >= _MIN_BASE64_CORE:
-            for alphabet in (core, core.translate(bytes.maketrans(b"+/", b"-_"))):
-                if alphabet not in cores:
-                    cores.append(alphabet)
-    return tuple(cores)
-
-
-@functools.lru_cache(maxsize=32)
-def secret_pattern(secret: str) -> re.Pattern[str]:
-    """A pattern that finds `secret` in text, each of its characters as written or in the
-    forms an error body may put it in: JSON escapes (`\\/`, `\\"`, `\\u002F`, with any
-    number of backslashes: JSON inside a JSON string), percent-encoding (`%2F`, `%252F`,
-    the UTF-8 bytes of any character), HTML character references (`&#47;`, `&#x2f;`,
-    `&sol;`) and, for a `+`, a space (a form-decoded echo) in each of those forms; forms
-    may mix within one occurrence.
-
-    Linear in the text's length: a backslash run starts a match only at its first
-    backslash (`(?<!\\\\)`), and every run is taken possessively, so a 1 MiB run of
-    backslashes is not tried again from each of its positions."""
-    # the lookahead lets the scan skip, at C speed, every place no form of the first
-    # character can start (a 1 MiB HTML page: 8 ms instead of 13)
-    starts = secret[:1] + (" " if secret[:1] == "+" else "")
-    first = "[\\\\%&" + "".join(re.escape(c) for c in starts) + "]"
-    return re.compile(f"(?={first})" + "".join(
-        _char_forms(c, first=i == 0) for i, c in enumerate(secret)))
-
-
-def _char_forms(char: str, *, first: bool = False) -> str:
-    forms = _forms(char, first)
-    if char == "+":
-        forms += _forms(" ", first)  # application/x-www-form-urlencoded: `+` is a space
-    return "(?:" + "|".join(forms) + ")"
-
-
-def _duplicate_members(body: bytes) -> bool:
-    """Whether a JSON object in `body` names a member twice (the parse keeps the last)."""
-    seen = False
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        nonlocal seen
-        seen = seen or len({k for k, _ in items}) != len(items)
-        return dict(items)
-
-    try:
-        json.loads(body, object_pairs_hook=pairs)
-    except (ValueError, RecursionError):
-        return False
-    return seen
-
-
-def _forms(char: str, first: bool) -> list[str]:
-    # a backslash run is taken whole (`\\++`: what follows it is never a backslash); the
-    # secret's first character starts only at a run's first backslash, else a long run is
-    # retried from each of its backslashes (quadratic)
-    more = r"\\++"
-    run = (r"(?<!\\)" if first else "") + more
-    # (a key starting with a backslash: as written, only at a run's first one too)
-    forms = [(r"(?<!\\)" if first and char == "\\" else "") + re.escape(char)]
-    if char in "/\"":
-        forms.append(run + re.escape(char))
-    elif char == "\\":
-        # escaped backslashes: two or more, at most 16 (JSON in JSON in JSON in JSON);
-        # bounded, not possessive (that would leave none for a backslash after it), so a
-        # long run costs a constant per place, never a rescan of the run (quadratic)
-        forms.append((r"(?<!\\)" if first else "") + r"\\{2,16}")
-    units = char.encode("utf-16-be", "surrogatepass")
-    forms.append("".join(rf"{run if i == 0 else more}u(?i:{int.from_bytes(units[i:i + 2]):04x})"
-                         for i in range(0, len(units), 2)))
-    # `(?:25)*` is not possessive: the percent sign's own code is 25
-    forms.append("".join(rf"%(?:25)*(?i:{b:02x})"
-                         for b in char.encode("utf-8", "surrogatepass")))
-    forms.append(rf"&#(?:0*{ord(char)}|[xX]0*(?i:{ord(char):x}));?")
-    forms += [re.escape("&" + name) for name in _entity_names().get(char, ())]
-    return forms
-
-
-@functools.cache
-def _entity_names() -> dict[str, list[str]]:
-    """HTML's named character references of single characters, by character (`/`: `sol;`)."""
-    names: dict[str, list[str]] = {}
-    for name, char in html.entities.html5.items():
-        if len(char) == 1:
-            names.setdefault(char, []).append(name)
-    return names
-
-
-def _short(exc: BaseException) -> str:
-    # aiohttp messages can embed the URL; the URL holds the job id, never the key.
-    return str(exc).splitlines()[0][:200] if str(exc) else ""
