@@ -245,3 +245,12 @@ def test_any_headers_are_verified_or_refused_never_crash(msg_id, stamp, signatur
         WEBHOOKS.verify(sent, body, SECRET, NOW, TOLERANCE)
     except WebhookRejected as exc:
         assert exc.reason in REJECT_REASONS
+
+
+def test_serve_refuses_a_secret_that_cannot_be_replicates_without_showing_it() -> None:
+    from vidpoll.errors import ConfigError
+    from vidpoll.web.webhooks import served_providers
+    with pytest.raises(ConfigError) as err:
+        served_providers({"replicate": "not-a-whsec-secret-1234"})
+    assert "whsec_" in str(err.value) and "not-a-whsec-secret-1234" not in str(err.value)
+    assert "replicate" in served_providers({"replicate": "whsec_" + "QUJDREVGR0g="})

@@ -29,7 +29,8 @@ Optional members, looked up with getattr (a provider without them loses nothing)
 --model` cannot name a model of the provider, checked before the intent is recorded);
 `Rules.result_problem(result) -> str | None` (why a succeeded job's media can never be
 downloaded, e.g. the provider deleted them: the download fails at once with that reason
-instead of retrying).
+instead of retrying); `Webhooks.secret_problem(secret) -> str | None` (why a configured
+webhook secret cannot be the provider's: `serve` refuses to start, never showing it).
 """
 
 from __future__ import annotations

@@ -139,7 +139,8 @@ class _Served:
 
 def served_providers(secrets: WebhookSecrets) -> dict[str, _Served]:
     """The providers `secrets` names, found in the registry: ConfigError for a name it does
-    not know, or for a secret given to a provider that has no webhooks."""
+    not know, for a secret given to a provider that has no webhooks, or for one its provider
+    says cannot be its secret (`Webhooks.secret_problem`, optional)."""
     served: dict[str, _Served] = {}
     for name, given in secrets.items():
         provider = registry.load(name)
@@ -149,6 +150,11 @@ def served_providers(secrets: WebhookSecrets) -> dict[str, _Served]:
                 raise ConfigError(f"provider {name!r} has no webhooks, but a webhook secret "
                                   "was given for it")
             continue
+        problem: Callable[[str], str | None] | None = getattr(hooks, "secret_problem", None)
+        for secret in own:  # secret_problem is optional (providers/base.py)
+            why = problem(secret) if problem is not None else None
+            if why:
+                raise ConfigError(f"the webhook secret given for {provider.title} {why}")
         served[name] = _Served(hooks, own, f"{provider.env_prefix}_WEBHOOK_SECRET is not set")
     return served
 

@@ -165,6 +165,14 @@ def verify_signature(secret: str, msg_id: str, timestamp: str, signature: str, b
 class ReplicateWebhooks:
     """Replicate's webhooks behind the provider interface (`vidpoll.providers.base.Webhooks`)."""
 
+    def secret_problem(self, secret: str) -> str | None:
+        """Why `secret` cannot be a Replicate webhook secret (checked when `serve` starts; the
+        secret itself never shown); None when it can."""
+        if signing_key(secret) is None:
+            return ("is not a Replicate webhook secret (whsec_ then base64, as "
+                    "GET /v1/webhooks/default/secret returns it)")
+        return None
+
     def verify(self, headers: Mapping[str, str], body: bytes, secret: str, now_s: float,
                tolerance_s: float) -> WebhookHint:
         """The delivery's prediction, `webhook-id` and signed value; WebhookRejected
