@@ -242,3 +242,20 @@ async def test_one_job_is_never_adopted_for_two_keys(store: PgStore) -> None:
     assert len(holders) == 1
     job = await store.get_job("pred_x")
     assert job is not None and job["idempotency_key"] == holders[0]
+
+
+async def test_a_user_rerunning_submit_after_a_crash_gets_a_look_up_not_a_second_create(
+        store: PgStore, db_url: str) -> None:
+    client = LedgerClient()
+    await add(store, "k1", "rerun")
+    [claimed] = await store.claim_intents(1, 0.2, "killed-submit", None, account=ACCOUNT)
+    client.bill(claimed.payload, claimed.model)  # sent and billed; the process was killed
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute("UPDATE video_intents SET next_attempt_at = now() "
+                           "WHERE idempotency_key = 'k1'")  # its lease is over
+    # `vidpoll submit --key k1` again: makes it due, then sends it through a claim
+    assert await store.requeue_intents(["k1"]) == ["k1"]
+    await drain(store, client)
+    assert client.creates == 0
+    intent = await store.get_intent("k1")
+    assert intent is not None and intent.state == "submitted" and intent.job_id == "pred_1"

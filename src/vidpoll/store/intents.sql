@@ -380,7 +380,11 @@ SET state = CASE WHEN state = 'unknown' THEN 'unknown' ELSE 'queued' END,
     unknown_outcome_at = CASE WHEN state = 'rejected' THEN NULL ELSE unknown_outcome_at END,
     resolution = CASE WHEN state = 'rejected' THEN NULL ELSE resolution END,
     resolved_at = CASE WHEN state = 'rejected' THEN NULL ELSE resolved_at END,
-    consecutive_errors = 0, rejected_at = NULL, claim_token = NULL,
+    consecutive_errors = 0, rejected_at = NULL,
+    -- a dead claim's token stays: its POST may have been sent and never answered, and the
+    -- next claim must see that (a provider without an idempotency key then looks it up
+    -- instead of sending it again; 0015)
+    claim_token = CASE WHEN state = 'rejected' THEN NULL ELSE claim_token END,
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE (idempotency_key = ANY(%(keys)s::text[])
        OR (%(all_rejected)s AND state = 'rejected'
