@@ -129,7 +129,7 @@ class Downloader:
                        ) -> list[MediaFile]:
         """Every URL of one job of `account`, in order; raises a DownloadError subclass on
         the first failure (files already complete stay and are not fetched again next time;
-        a refused URL leaves no partial file of its own)."""
+        a refused URL or an expired link leaves no partial file of its own)."""
         name = job_dir_name(job_id)
         folder = self.directory / name
         try:
@@ -139,7 +139,7 @@ class Downloader:
         try:
             return [await self._one(account, url, dirs, folder, file_name)
                     for url, file_name in zip(urls, file_names(urls), strict=True)]
-        except DownloadRefused:
+        except (DownloadRefused, UrlExpired):
             await asyncio.to_thread(_remove_if_empty, dirs.base, name)
             raise
         finally:
@@ -162,11 +162,12 @@ class Downloader:
                      ) -> tuple[int, str]:
         """Stream `url` into `part` (resuming what it holds) under an exclusive lock, fsync
         it and rename it to `name` still holding the lock; (size, sha256). A refused URL or
-        size removes the partial file."""
+        size, or an expired link, removes the partial file (the next link may be a fresh one
+        of another file, or none at all: the provider may have deleted it)."""
         out = await asyncio.to_thread(_open_locked, dirs.job, part)
         try:
             return await self._fill(account, url, out, dirs, part.name, name)
-        except DownloadRefused:
+        except (DownloadRefused, UrlExpired):
             await asyncio.to_thread(_discard, out, dirs.job, part.name)
             raise
         finally:
