@@ -235,7 +235,7 @@ async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
         await store.close()
         await runner.cleanup()
         await rep_runner.cleanup()
-    _summary(console, counts, workers, fake, started, n_jobs + REPLICATE_JOBS)
+    _summary(console, counts, workers, fake, started, n_jobs + REPLICATE_JOBS, n_jobs)
     if fake.billed != n_jobs:
         raise SystemExit("Sume billed a render twice: this is a bug, please report it")
     console.print(f"Replicate: {_replicate_line(replicate, submitters)}; {rep_downloaded} "
@@ -290,7 +290,7 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 def _summary(console: Console, counts: dict[str, int], workers: list[Worker], fake: FakeSume,
-             started: float, n_jobs: int) -> None:
+             started: float, n_jobs: int, sume_jobs: int) -> None:
     elapsed = time.monotonic() - started
     reads = sum(w.stats.reads for w in workers)
     errors: dict[str, int] = {}
@@ -301,7 +301,8 @@ def _summary(console: Console, counts: dict[str, int], workers: list[Worker], fa
     console.print(f"\n[bold]summary[/bold]: {_counts(counts)} in {elapsed:.1f}s; "
                   f"{reads} status reads, errors handled: {_counts(errors) or 'none'}; "
                   f"overlapping reads of one job seen by the fake: {fake.overlaps}; "
-                  f"{fake.creates} POSTs, renders billed: {fake.billed} for {n_jobs} intents "
+                  f"{fake.creates} POSTs to Sume, renders billed: {fake.billed} for {sume_jobs} "
+                  f"intents "
                   f"(keys billed twice: {stats['keys_billed_twice']}); peak renders running: "
                   f"{stats['max_running_seen']} (cap {MAX_ACTIVE})")
     if counts.get("pending") or sum(counts.values()) < n_jobs:

@@ -108,6 +108,10 @@ def test_demo_runs_to_completion(new_user_env):
     assert "{'" not in result.stdout, result.stdout  # counts for people, never a dict's repr
     assert "overlapping reads of one job seen by the fake: 0" in summary
     assert "renders billed: 12 for 12 intents (keys billed twice: 0)" in summary
+    # Replicate, without an idempotency key: every input billed once, every file on disk
+    assert re.search(r"Replicate: \d+ creates, 12 predictions billed, 0 inputs billed twice; "
+                     r"unknown creates adopted from its list \d+, proven absent and sent "
+                     r"again \d+, parked 0", summary), summary
     # every completed job's video is on disk and whole (the demo exits non-zero otherwise)
     assert re.search(r"\d+ videos downloaded to .*demo-videos, each checked against the "
                      r"fake's sha256 \(links refreshed after expiring: 3\)", summary), summary
