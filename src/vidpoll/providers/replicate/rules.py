@@ -2,14 +2,14 @@
 a succeeded prediction lists its files, which `--model` it takes, and whether a prediction in
 its list is the one an unanswered create started. Pure; no I/O.
 
-Facts (replicate.com/docs: the HTTP API reference, data-retention, the 2025-10-16 changelog
-on prediction deadlines; the SDKs replicate-python and replicate-python-beta): a
-prediction's `status` is `starting`, `processing`, `succeeded`, `failed` or `canceled`, or
-`aborted` (a deadline that passed before it ran: "not charged" for public models; both official SDKs forget the word);
-its `output` is the model's own JSON, files as HTTPS URLs; errors are `{"detail": ...}` or RFC
-7807 problem details (`type`, `title`, `status`, `detail`, `instance`: the SDK's
-ReplicateError). Inputs and outputs are removed an hour after an API prediction
-(`data_removed`, `output: null`).
+Facts (replicate.com/docs: the HTTP API reference, data-retention, the 2025-10-16 changelog on
+prediction deadlines; the SDKs replicate-python and replicate-python-beta): a prediction's
+`status` is `starting`, `processing`, `succeeded`, `failed` or `canceled`, or `aborted` (a
+deadline that passed before it ran: "not charged" for public models; both official SDKs forget
+the word); its `output` is the model's own JSON, files as HTTPS URLs; errors are `{"detail":
+...}` or RFC 7807 problem details (`type`, `title`, `status`, `detail`, `instance`: the SDK's
+ReplicateError). Inputs and outputs are removed an hour after an API prediction (`data_removed`,
+`output: null`).
 """
 
 from __future__ import annotations
