@@ -98,6 +98,8 @@ class ClaimedJob:
     claimed_mono: float = 0.0
     """time.monotonic() when the claim's rows arrived (about when `late_s` was measured): the
     time a row then waits for a free slot is added to its lateness at the read's start."""
+    handle: dict[str, Any] | None = None
+    """What the provider's reads of this job need beyond its id (fal's URLs); None: nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,8 @@ class ClaimedResult:
     token: uuid.UUID
     attempts: int
     account: str = "default"
+    handle: dict[str, Any] | None = None
+    """As ClaimedJob.handle."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +206,9 @@ class SubmitOutcome:
     request_id: str | None = None
     adopted: bool = False
     settled: bool = False
+    handle: dict[str, Any] | None = None
+    """With SUBMITTED: what the provider's later reads of the job need beyond its id (the
+    create's answer, or the provider's records, said it: `Rules.created_handle`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -556,8 +556,11 @@ def decide_submit(intent: ClaimedIntent, answer: HttpAnswer, now: datetime, poli
         job_id = rules.created_job_id(body)
         if job_id is None:
             return retry(ErrorClass.MALFORMED, f"HTTP {status} without a usable job id")
+        created_handle = getattr(rules, "created_handle", None)  # optional (providers/base.py)
+        handle = created_handle(body) if callable(created_handle) and body is not None else None
         return SubmitOutcome(intent.key, intent.claim_token, SUBMITTED, job_id=job_id,
-                             http_status=status, request_id=request_id)
+                             http_status=status, request_id=request_id,
+                             handle=handle if isinstance(handle, dict) and handle else None)
     if status in (401, 403):
         return AuthPause(0.0, status, f"HTTP {status}" + (f": {code}" if code else ""))
     if is_misrouted_create(status, body, rules):

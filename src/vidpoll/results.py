@@ -71,7 +71,9 @@ class ResultFetcher:
         server's pause, or None when the fetch failed before an answer. DatabaseUnavailable
         is raised (the lease ends and the fetch is due again); any other error is logged."""
         try:
-            answer = await reader.read_result(claim.job_id)
+            # a handle only where the job has one (as the worker's status reads)
+            answer = await (reader.read_result(claim.job_id) if claim.handle is None
+                            else reader.read_result(claim.job_id, claim.handle))  # type: ignore[call-arg]
             decision = decide_result(claim, answer, now, self.policy, rng, reader.rules)
             if await self.store.record_result(decision):
                 metrics.RESULT_FETCHES.labels(decision.state).inc()

@@ -211,7 +211,8 @@ class StatusReader(Protocol):
         """The provider's rules, applied to this reader's answers."""
 
     async def read_status(self, job_id: str) -> HttpAnswer:
-        """Read one job's status; failures come back as answers, never raised."""
+        """Read one job's status; failures come back as answers, never raised. A job with a
+        handle (ClaimedJob.handle) is read with `read_status(job_id, handle)`."""
 
     async def read_result(self, job_id: str) -> HttpAnswer:
         """Read a completed job's result; failures come back as answers, never raised."""
@@ -705,7 +706,10 @@ class Worker(Runner):
         late_s = late_at_read(job)
         metrics.IN_FLIGHT.inc()
         try:
-            answer = await self.readers[job.account].read_status(job.job_id)
+            reader = self.readers[job.account]
+            # a handle only where the job has one: a provider that needs none never sees it
+            answer = await (reader.read_status(job.job_id) if job.handle is None
+                            else reader.read_status(job.job_id, job.handle))  # type: ignore[call-arg]
         except Exception as exc:  # the reader promises answers, not exceptions; be safe
             log.exception("job %s: status read raised", job.job_id)
             answer = HttpAnswer(None, transport_error=ErrorClass.CONNECTION,

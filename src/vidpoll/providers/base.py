@@ -29,7 +29,10 @@ Optional members, looked up with getattr (a provider without them loses nothing)
 --model` cannot name a model of the provider, checked before the intent is recorded);
 `Rules.result_problem(result) -> str | None` (why a succeeded job's media can never be
 downloaded, e.g. the provider deleted them: the download fails at once with that reason
-instead of retrying); `Webhooks.secret_problem(secret) -> str | None` (why a configured
+instead of retrying); `Rules.created_handle(body) -> dict | None` (what a 2xx answer to a
+create holds beyond the job id that later reads must use, e.g. fal's status and result URLs:
+stored with the job (`video_jobs.handle`) and passed to `Client.read_status` /
+`read_result` as `handle`); `Webhooks.secret_problem(secret) -> str | None` (why a configured
 webhook secret cannot be the provider's: `serve` refuses to start, never showing it).
 """
 
@@ -148,8 +151,12 @@ class Client(Protocol):
                         exc: BaseException | None, tb: TracebackType | None) -> None: ...
     async def close(self) -> None: ...
 
-    async def read_status(self, job_id: str) -> HttpAnswer: ...
-    async def read_result(self, job_id: str) -> HttpAnswer: ...
+    async def read_status(self, job_id: str,
+                          handle: Mapping[str, Any] | None = None) -> HttpAnswer:
+        """Read one job. `handle`: what `Rules.created_handle` kept of the create's answer
+        (or the provider's records gave on adoption), passed only for a job that has one."""
+    async def read_result(self, job_id: str,
+                          handle: Mapping[str, Any] | None = None) -> HttpAnswer: ...
     async def create_video(self, payload: dict[str, Any], idempotency_key: str,
                            model: str | None = None) -> HttpAnswer:
         """The paid call (the key goes in `rules.idempotency_header` when there is one;

@@ -30,7 +30,7 @@ class PgDeliveries(PgBase):
         rows = await self._all("claim_results", {"limit": limit, "lease_s": lease_s,
                                                  "account": account, "now": now})
         return [ClaimedResult(r["job_id"], r["result_token"], r["result_attempts"],
-                              r["account"]) for r in rows]
+                              r["account"], r.get("handle")) for r in rows]
 
     async def record_result(self, outcome: ResultOutcome, now: datetime | None = None) -> bool:
         """Write one result fetch's outcome, fenced on its token."""

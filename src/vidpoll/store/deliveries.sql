@@ -23,7 +23,7 @@ SET result_next_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs 
     result_attempts = j.result_attempts + 1
 FROM due
 WHERE j.ctid = due.ctid
-RETURNING j.job_id, j.result_token, j.result_attempts, j.account;
+RETURNING j.job_id, j.result_token, j.result_attempts, j.account, j.handle;
 
 -- name: record_result
 -- One result fetch's outcome, fenced on its token: fetched (the body is stored), failed (gave

@@ -29,6 +29,11 @@ from vidpoll.store.base import PgBase, _q
 from vidpoll.store.pool import translate_errors
 
 
+def _handle(outcome: SubmitOutcome) -> Jsonb | None:
+    """The job's handle as the insert takes it (None: the column stays NULL)."""
+    return None if outcome.handle is None else Jsonb(outcome.handle)
+
+
 def _intent(row: dict[str, Any]) -> Intent:
     return Intent(key=row["idempotency_key"], state=row["state"], payload=row["payload"],
                   priority=row["priority"], attempts=row["attempts"], job_id=row["job_id"],
@@ -175,14 +180,14 @@ class PgIntents(PgBase):
             assert outcome.job_id is not None
             validate_job_id(outcome.job_id)
             row = await self._one("adopt_job", {**params, "job_id": outcome.job_id,
-                                                "delay_s": 0.0})
+                                                "delay_s": 0.0, "handle": _handle(outcome)})
             return bool(row and row["intent_updated"])
         if outcome.state == SUBMITTED:
             assert outcome.job_id is not None
             validate_job_id(outcome.job_id)
             row = await self._one("record_submitted", {
                 **params, "job_id": outcome.job_id, "delay_s": first_poll_s,
-                "provider": registry.DEFAULT_PROVIDER})  # (an intent's own provider first)
+                "provider": registry.DEFAULT_PROVIDER, "handle": _handle(outcome)})  # (an intent's own provider first)
             return bool(row and row["intent_updated"])
         if outcome.state == REJECTED:
             row = await self._one("record_intent_rejected", {

@@ -236,16 +236,20 @@ WHERE me.idempotency_key = %(key)s AND a.state = 'queued' AND a.account = me.acc
 -- sent again, which returns this same job). The job row is written even if the intent's fence
 -- failed: the id is Sume's answer for this key whoever asked, and a paid job must be tracked.
 WITH job AS (
-  INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key, account, provider)
+  INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key, account, provider,
+                          handle)
   VALUES (%(job_id)s, 'pending',
           coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
           %(key)s,
           coalesce((SELECT account FROM video_intents WHERE idempotency_key = %(key)s),
                    'default'),
           coalesce((SELECT provider FROM video_intents WHERE idempotency_key = %(key)s),
-                   %(provider)s))
+                   %(provider)s),
+          -- the provider's handle of the job (0016): the URLs fal says never to build
+          %(handle)s::jsonb)
   ON CONFLICT (job_id) DO UPDATE
-    SET idempotency_key = coalesce(video_jobs.idempotency_key, EXCLUDED.idempotency_key)
+    SET idempotency_key = coalesce(video_jobs.idempotency_key, EXCLUDED.idempotency_key),
+        handle = coalesce(video_jobs.handle, EXCLUDED.handle)
   RETURNING (xmax = 0) AS inserted
 ), intent AS (
   UPDATE video_intents
@@ -452,14 +456,16 @@ RETURNING idempotency_key;
 -- submitters adopting one job for two keys: the second waits on the first's row, then finds
 -- its key and adopts nothing).
 WITH job AS (
-  INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key, account, provider)
+  INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key, account, provider,
+                          handle)
   SELECT %(job_id)s, 'pending',
          coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
-         i.idempotency_key, i.account, i.provider
+         i.idempotency_key, i.account, i.provider, %(handle)s::jsonb
   FROM video_intents i
   WHERE i.idempotency_key = %(key)s AND i.claim_token = %(token)s
     AND i.state IN ('queued', 'reconciling')
-  ON CONFLICT (job_id) DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key
+  ON CONFLICT (job_id) DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key,
+                                     handle = coalesce(video_jobs.handle, EXCLUDED.handle)
     WHERE video_jobs.idempotency_key IS NULL
        OR video_jobs.idempotency_key = EXCLUDED.idempotency_key
   RETURNING job_id

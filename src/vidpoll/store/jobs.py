@@ -34,7 +34,7 @@ def _job(row: dict[str, Any], sent_mono: float = 0.0, claimed_mono: float = 0.0
                       polls=row["polls"], consecutive_errors=row["consecutive_errors"],
                       not_found_count=row["not_found_count"], account=row["account"],
                       late_s=float(row["late_s"] or 0.0), sent_mono=sent_mono,
-                      claimed_mono=claimed_mono)
+                      claimed_mono=claimed_mono, handle=row.get("handle"))
 
 
 def job_view(row: dict[str, Any], state: str, files: Any) -> Job:

@@ -42,6 +42,8 @@ FROM due
 WHERE j.ctid = due.ctid
 RETURNING j.job_id, j.claim_token, due.next_poll_at AS due_at, j.polling_since, j.polls,
           j.consecutive_errors, j.not_found_count, j.account,
+          -- what the provider's reads of this job need beyond its id (0016; NULL for most)
+          j.handle,
           -- how late the claim is, by the database's clock (no worker clock skew in it)
           extract(epoch FROM coalesce(%(now)s::timestamptz, clock_timestamp())
                              - due.next_poll_at)::float8 AS late_s;

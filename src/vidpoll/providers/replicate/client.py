@@ -129,13 +129,15 @@ class ReplicateClient(JsonApiClient):
         """Replicate's file host (and its subdomains), over https only."""
         return frozenset({FILE_HOST})
 
-    async def read_status(self, job_id: str) -> HttpAnswer:
+    async def read_status(self, job_id: str,
+                          handle: Mapping[str, Any] | None = None) -> HttpAnswer:
         """GET the prediction. Its links lose their query strings whatever the status (the
         answer is stored as `last_response`); Replicate's file URLs carry none: the
         download sends the token instead."""
         return await self._call("GET", job_url(self._base, job_id, PREDICTION_PATH))
 
-    async def read_result(self, job_id: str) -> HttpAnswer:
+    async def read_result(self, job_id: str,
+                          handle: Mapping[str, Any] | None = None) -> HttpAnswer:
         """The same GET: the result is inline (the worker never calls this for Replicate);
         a 2xx keeps its links whole, as every result read does (the token never)."""
         return await self._call("GET", job_url(self._base, job_id, PREDICTION_PATH),

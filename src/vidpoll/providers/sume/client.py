@@ -70,13 +70,15 @@ class SumeClient(JsonApiClient):
         """The create URL (POST) as logs show it: scheme, host, port and path only."""
         return shown_url(self._base + self._create_path)
 
-    async def read_status(self, job_id: str) -> HttpAnswer:
+    async def read_status(self, job_id: str,
+                          handle: Mapping[str, Any] | None = None) -> HttpAnswer:
         """GET the job's status; every failure comes back as an HttpAnswer, never raised.
         Its URLs lose their query strings whatever the status: the answer is stored
         (`last_response`) and archived, and nothing downloads from a status answer."""
         return await self._call("GET", job_url(self._base, job_id, self._status_path))
 
-    async def read_result(self, job_id: str) -> HttpAnswer:
+    async def read_result(self, job_id: str,
+                          handle: Mapping[str, Any] | None = None) -> HttpAnswer:
         """GET a completed job's result (409 job_not_completed until it is ready)."""
         # its signed links are the download's: a 2xx keeps them (the key never)
         return await self._call("GET", job_url(self._base, job_id, DEFAULT_RESULT_PATH),
