@@ -187,7 +187,8 @@ class PgIntents(PgBase):
             validate_job_id(outcome.job_id)
             row = await self._one("record_submitted", {
                 **params, "job_id": outcome.job_id, "delay_s": first_poll_s,
-                "provider": registry.DEFAULT_PROVIDER, "handle": _handle(outcome)})  # (an intent's own provider first)
+                # (the intent's own provider first)
+                "provider": registry.DEFAULT_PROVIDER, "handle": _handle(outcome)})
             return bool(row and row["intent_updated"])
         if outcome.state == REJECTED:
             row = await self._one("record_intent_rejected", {
