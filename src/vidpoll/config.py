@@ -29,7 +29,7 @@ from vidpoll.errors import ConfigError, InvalidIntent
 from vidpoll.models import DEFAULT_ACCOUNT
 from vidpoll.policy import Budget, PollPolicy, validate_account
 from vidpoll.providers import registry
-from vidpoll.providers.base import Provider
+from vidpoll.providers.base import AccountOption, Provider
 
 T = TypeVar("T")
 ProxyNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -255,6 +255,13 @@ class Account:
     webhook_url: str | None = None
     """Where the provider should call when a job ends (`vidpoll serve`'s webhook route), for
     a provider whose creates name one; None: creates ask for no webhook."""
+    options: Mapping[str, str] = field(default_factory=dict)
+    """The provider's own fields (`Provider.account_options`), checked, defaults filled in."""
+    on_unknown_create: str = "park"
+    """For a provider with neither an idempotency key nor records to look a create up in:
+    `park` an unknown create for an operator (the default), or `resend` it (may bill twice)."""
+    min_poll_s: float | None = None
+    """The floor between two reads of one job; None: the provider's (`Rules.min_poll_s`)."""
 
 
 @dataclass(frozen=True)
@@ -485,8 +492,12 @@ def _by_account(env: Mapping[str, str], prefix: str,
 # --- accounts --------------------------------------------------------------------------------
 
 FILE_FIELDS = ("provider", "base_url", "api_key_env", "webhook_secret_env",
-               "status_rate_per_min", "submit_rate_per_min", "webhook_url")
-"""What an `[accounts.NAME]` table may hold; `api_key_env` is required."""
+               "status_rate_per_min", "submit_rate_per_min", "webhook_url",
+               "on_unknown_create", "min_poll_s")
+"""What an `[accounts.NAME]` table of any provider may hold; `api_key_env` is required
+(unless the provider's `key_setting` names another field), besides its own fields
+(`Provider.account_options`)."""
+UNKNOWN_CREATE_CHOICES = ("park", "resend")
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 """A variable `api_key_env` / `webhook_secret_env` may name: upper-case, as by convention (a
 mixed-case value is far more likely a pasted key than a variable's name)."""
@@ -604,46 +615,125 @@ def _file_account(path: Path, name: str, table: Any, env: Mapping[str, str],
     if not isinstance(table, dict):
         raise ConfigError(f"{at}: must be a table of fields (provider, api_key_env, ...), "
                           "not a single value (not shown)")
+    # the provider first (its own fields are allowed too), without reading anything else
+    named = table.get("provider", registry.DEFAULT_PROVIDER)
+    provider = (_file_provider(at, named) if isinstance(named, str)
+                and _PROVIDER_WORD.fullmatch(named) else None)
+    own: Mapping[str, AccountOption] = getattr(provider, "account_options", {}) or {}
+    key_setting: str = getattr(provider, "key_setting", "api_key_env")
+    allowed = (*FILE_FIELDS, *own, *((key_setting,) if key_setting not in FILE_FIELDS else ()))
     for key, value in table.items():  # a key written into the file first: the worst mistake
-        if key not in FILE_FIELDS and _secret_like(key, value):
+        if key not in allowed and _secret_like(key, value):
             never = _SECRETS_NEVER if "webhook" in key.lower() else _KEYS_NEVER
             raise ConfigError(f"{at} {key[:64]}: {never} (the value is not shown)")
+    provider = _file_provider(at, named)
     for key in table:
-        if key not in FILE_FIELDS:
-            near = difflib.get_close_matches(key, FILE_FIELDS, n=1)
+        if key not in allowed:
+            near = difflib.get_close_matches(key, allowed, n=1)
             hint = f"did you mean {near[0]}? " if near else ""
-            raise ConfigError(f"{at} {key[:64]}: unknown field ({hint}allowed: "
-                              f"{', '.join(FILE_FIELDS)})")
-    provider = _file_provider(at, table.get("provider", registry.DEFAULT_PROVIDER))
-    if "api_key_env" not in table:
+            raise ConfigError(f"{at} {key[:64]}: unknown field ({hint}allowed for "
+                              f"{provider.title}: {', '.join(allowed)})")
+    options = {field_name: _file_option(at, field_name, spec, table.get(field_name),
+                                        allow_insecure_http)
+               for field_name, spec in own.items()}
+    if key_setting != "api_key_env":
+        if key_setting not in table:
+            raise ConfigError(f"{at} {key_setting}: missing; a {provider.title} account names "
+                              f"its credentials with {key_setting}")
+        key_env = ""
+        credential = _file_option(at, key_setting, AccountOption("path"), table[key_setting],
+                                  allow_insecure_http)
+    elif "api_key_env" not in table:
         raise ConfigError(
             f"{at} api_key_env: missing; every account in the file names the environment "
             f"variable that holds its key (like api_key_env = "
             f"\"{provider.env_prefix}_API_KEY_{name.upper()}\", then export it)")
-    key_env = _variable_name(at, "api_key_env", table["api_key_env"], _KEYS_NEVER)
-    base = table.get("base_url", provider.default_base_url)
+    else:
+        key_env = _variable_name(at, "api_key_env", table["api_key_env"], _KEYS_NEVER)
+        credential = _file_secret(at, "api_key_env", env, key_env)
+    default_base = _default_base_url(provider, options)
+    base = table.get("base_url", default_base)
     if not isinstance(base, str):
         raise ConfigError(f"{at} base_url: must be a string (like base_url = "
-                          f"\"{provider.default_base_url}\")")
+                          f"\"{default_base}\")")
     try:
         base = check_base_url(base, allow_insecure_http, name="the URL",
-                              key_name="the variable api_key_env names",
-                              example=provider.default_base_url)
+                              key_name=f"the credential {key_setting} names",
+                              example=default_base)
     except ConfigError as exc:
         raise ConfigError(f"{at} base_url: {exc}") from None
+    on_unknown = table.get("on_unknown_create", "park")
+    if on_unknown not in UNKNOWN_CREATE_CHOICES:
+        raise ConfigError(f"{at} on_unknown_create: must be \"park\" (the default: an unknown "
+                          f"create waits for an operator) or \"resend\" (sent again: may bill "
+                          f"twice)")
+    min_poll = table.get("min_poll_s")
+    if min_poll is not None and (isinstance(min_poll, bool)
+                                 or not isinstance(min_poll, int | float)
+                                 or not math.isfinite(min_poll) or not 0.01 <= min_poll <= 3600):
+        raise ConfigError(f"{at} min_poll_s: must be a number of seconds from 0.01 to 3600, "
+                          f"without quotes (like min_poll_s = 10)")
     secret_env = ""
     if "webhook_secret_env" in table:
         secret_env = _variable_name(at, "webhook_secret_env", table["webhook_secret_env"],
                                     _SECRETS_NEVER)
     status_default, create_default = provider.default_rates
     return Account(
-        name, provider.name, base, _file_secret(at, "api_key_env", env, key_env), key_env,
+        name, provider.name, base, credential, key_env,
         _rate(env, STATUS_RATE_VARIABLE, name, _file_rate(at, "status_rate_per_min", table),
               status_default),
         _rate(env, SUBMIT_RATE_VARIABLE, name, _file_rate(at, "submit_rate_per_min", table),
               create_default),
         _file_secret(at, "webhook_secret_env", env, secret_env) if secret_env else "",
-        secret_env, "file", _file_webhook_url(at, table, allow_insecure_http))
+        secret_env, "file", _file_webhook_url(at, table, allow_insecure_http), options,
+        on_unknown, None if min_poll is None else float(min_poll))
+
+
+def _default_base_url(provider: Provider, options: Mapping[str, str]) -> str:
+    """The provider's public URL, its own fields filled in where it names them
+    (`https://{location}-aiplatform.googleapis.com`)."""
+    base: str = provider.default_base_url
+    try:
+        return base.format_map(options) if "{" in base else base
+    except (KeyError, ValueError, IndexError):
+        return base
+
+
+_OPTION_TEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}")
+
+
+def _file_option(at: str, field_name: str, spec: AccountOption, value: Any,
+                 allow_insecure_http: bool) -> str:
+    """One of a provider's own fields (or its credential file), checked by its kind."""
+    example = f" (like {field_name} = \"{spec.example}\")" if spec.example else ""
+    if value is None:
+        if spec.default is None:
+            raise ConfigError(f"{at} {field_name}: missing; a {at.rsplit('.', 1)[-1][:-1]} "
+                              f"account of this provider needs it{example}")
+        return spec.default
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{at} {field_name}: must be a non-empty string{example}")
+    value = value.strip()
+    if spec.kind == "url":
+        try:
+            return check_base_url(value, allow_insecure_http, name="the URL",
+                                  key_name="the account's credential",
+                                  example=spec.example or "https://...")
+        except ConfigError as exc:
+            raise ConfigError(f"{at} {field_name}: {exc}") from None
+    if spec.kind == "path":
+        path = Path(value).expanduser()
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"{at} {field_name}: {path} cannot be read "
+                              f"({exc.strerror or type(exc).__name__})") from None
+        return str(path)
+    if not _OPTION_TEXT.fullmatch(value):
+        raise ConfigError(f"{at} {field_name}: must be a name of letters, digits, '.', '_', "
+                          f"':' or '-' (at most 200){example}")
+    return str(value)
 
 
 def _file_provider(at: str, value: Any) -> Provider:

@@ -175,6 +175,10 @@ class SubmitterConfig:
     """The accounts this submitter sends for (it has their keys)."""
     budgets: Mapping[str, Budget] = field(default_factory=dict)
     """Create budgets by account, shared by the fleet; an account without one is unlimited."""
+    resend_unknown: frozenset[str] = frozenset()
+    """Accounts whose provider has neither an idempotency key nor records to look a create up
+    in, and which chose `on_unknown_create = "resend"`: an unknown create is sent again after
+    the settle time instead of parked for an operator (it may bill twice)."""
 
     def __post_init__(self) -> None:
         check_lease(self.lease_s, self.http_timeout_s, "a POST")
@@ -442,9 +446,19 @@ class Submitter(Runner):
                                                           or intent.state == UNKNOWN):
             # an earlier create may have billed a render and no key makes a second one safe:
             # the provider's own records settle it, or an operator does; never a blind re-send
-            outcome = await self._reconcile(intent, creator)
-            await self._record(outcome, intent.account)
-            return outcome
+            # (unless the account chose one, for a provider with no records to look in)
+            if not (intent.account in cfg.resend_unknown
+                    and not callable(getattr(creator, "find_created", None))
+                    and intent.state != UNKNOWN):
+                outcome = await self._reconcile(intent, creator)
+                await self._record(outcome, intent.account)
+                return outcome
+            self.stats.resent += 1
+            metrics.RECONCILIATIONS.labels(intent.account, "resent").inc()
+            log.warning("intent %s: an earlier create's outcome is unknown and cannot be looked "
+                        "up; sent again as the account's on_unknown_create = \"resend\" says "
+                        "(this may bill a second render)", intent.key,
+                        extra=event(key=intent.key, account=intent.account, outcome="resent"))
         self.stats.posts += 1
         try:
             answer = await (creator.create_video(intent.payload, intent.key, intent.model)

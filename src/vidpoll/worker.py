@@ -237,6 +237,10 @@ class WorkerConfig:
     """The accounts this worker polls (it has their keys); others' rows are left alone."""
     budgets: Mapping[str, Budget] = field(default_factory=dict)
     """Status-read budgets by account, shared by the fleet; an account without one is unlimited."""
+    poll_floors: Mapping[str, float] = field(default_factory=dict)
+    """The floor between two reads of one job, by account (`min_poll_s` in the accounts
+    file); an account without one has its provider's (`Rules.min_poll_s`), and never less
+    than the policy's `min_poll_s`."""
     vacuum_every_rows: int = DEFAULT_VACUUM_EVERY_ROWS
     """VACUUM video_jobs after this many row versions written by this worker (claims and
     records); 0 leaves it to autovacuum alone. See the vacuum_jobs query for why."""
@@ -279,6 +283,7 @@ class Worker(Runner):
         self._pauses: dict[str, tuple[float, bool]] = {}
         self._budget_wait: float | None = None
         self._turn = 0
+        self._policies: dict[str, PollPolicy] = {}
         self._outbox: list[Outcome] = []
         self._outbox_ready = asyncio.Event()
         self._last_write = float("-inf")
@@ -698,6 +703,22 @@ class Worker(Runner):
         self.stats.claimed_rows += n
 
     # -- reading ----------------------------------------------------------------------------
+    def _policy_of(self, account: str) -> PollPolicy:
+        """The poll policy of `account`: the worker's, its floor raised to the account's own
+        (`poll_floors`) or its provider's (`Rules.min_poll_s`: Veo's documented 10 s)."""
+        found = self._policies.get(account)
+        if found is None:
+            policy = self.config.policy
+            floor = self.config.poll_floors.get(account)
+            if floor is None:
+                floor = float(getattr(self.readers[account].rules, "min_poll_s", 0.0) or 0.0)
+            floor = min(policy.max_poll_s, max(policy.min_poll_s, floor))
+            found = self._policies[account] = (
+                policy if floor == policy.min_poll_s else dataclasses.replace(
+                    policy, min_poll_s=floor,
+                    default_poll_s=max(policy.default_poll_s, floor)))
+        return found
+
     async def _read(self, job: ClaimedJob) -> Outcome | None:
         """One status read and its decision; None means 'give the row back unread'."""
         started = self._clock()
@@ -722,8 +743,8 @@ class Worker(Runner):
         self.stats.max_late_s = max(self.stats.max_late_s, late_s)
         self._note_server_pause(job.account, answer)
         try:
-            decision = decide(job, answer, self._clock(), self.config.policy, self._rng,
-                              self.readers[job.account].rules)
+            decision = decide(job, answer, self._clock(), self._policy_of(job.account),
+                              self._rng, self.readers[job.account].rules)
         except Exception as exc:
             # never release such a row (it would be due at once: a hot loop); back off instead
             log.exception("job %s: could not interpret the answer", job.job_id)

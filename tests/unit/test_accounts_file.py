@@ -323,11 +323,11 @@ BAD_FIELDS = [
     ("a key inside a table", account(KEYED, f'headers = {{ Authorization = "{SECRET}" }}'),
      "headers", "keys never go in"),
     ("a typo", account(KEYED, "status_rate_per_minute = 10"), "status_rate_per_minute",
-     "unknown field (did you mean status_rate_per_min? allowed: provider, base_url, "
-     "api_key_env, webhook_secret_env, status_rate_per_min, submit_rate_per_min, "
-     "webhook_url)"),
+     "unknown field (did you mean status_rate_per_min? allowed for Sume: provider, "
+     "base_url, api_key_env, webhook_secret_env, status_rate_per_min, submit_rate_per_min, "
+     "webhook_url, on_unknown_create, min_poll_s)"),
     ("an unknown field", account(KEYED, "colour = 'red'"), "colour",
-     "unknown field (allowed: provider, base_url"),
+     "unknown field (allowed for Sume: provider, base_url"),
     ("webhook_secret_env holding the secret", account(KEYED, f'webhook_secret_env = '
                                                              f'"{SECRET}"'),
      "webhook_secret_env", "secrets never go in the file"),

@@ -21,8 +21,9 @@ MIN_TOKEN_CHARS = 16
 @click.option("--metrics-host", default="127.0.0.1", show_default=True,
               help="The address of --metrics-port.")
 def serve_cmd(host: str, port: int, metrics_port: int | None, metrics_host: str) -> None:
-    """Serve the dashboard (/), Prometheus /metrics, POST /webhooks/sume (needs
-    SUME_WEBHOOK_SECRET), /healthz and /readyz. With VIDPOLL_METRICS_TOKEN, /metrics and
+    """Serve the dashboard (/), Prometheus /metrics, POST /webhooks/<provider> for each
+    provider with an account (Sume's needs SUME_WEBHOOK_SECRET; fal's fetches fal's keys),
+    /healthz and /readyz. With VIDPOLL_METRICS_TOKEN, /metrics and
     /readyz need it as `Authorization: Bearer`; without it, /metrics on --port needs the
     dashboard token if there is one."""
     from vidpoll.web import GUARD, make_app, metrics_app, start_server
@@ -47,13 +48,19 @@ def serve_cmd(host: str, port: int, metrics_port: int | None, metrics_host: str)
     from vidpoll.providers import registry
 
     # each provider with an account is served at /webhooks/<provider>, with every secret its
-    # accounts have (503 while none has one)
+    # accounts have (503 while none has one); a provider whose deliveries are checked with
+    # keys it fetches (fal: a JWKS) says what each account contributes instead of a secret
+    # (`Webhooks.account_secret`, optional: providers/base.py)
     secrets: dict[str, list[str] | None] = {}
     for acc in settings.accounts.values():
-        if registry.load(acc.provider).webhooks is not None:
+        hooks = registry.load(acc.provider).webhooks
+        if hooks is not None:
             got = secrets.setdefault(acc.provider, None) or []
-            if acc.webhook_secret and acc.webhook_secret not in got:
-                got.append(acc.webhook_secret)
+            of_account = getattr(hooks, "account_secret", None)
+            secret = acc.webhook_secret if of_account is None else of_account(
+                acc.webhook_secret, getattr(acc, "options", None) or {})
+            if secret and secret not in got:
+                got.append(secret)
             secrets[acc.provider] = got or None
     if not secrets:
         secrets[registry.DEFAULT_PROVIDER] = [settings.webhook_secret] if (

@@ -164,6 +164,8 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
             drain_waits_for_intents=not poll_only, listen=not no_listen,
             policy=settings.policy, worker_id=worker_id, accounts=served,
             budgets=settings.budgets("status", served), fetch_results=fetch_results,
+            poll_floors={name: acc.min_poll_s for name, acc in settings.accounts.items()
+                         if name in served and acc.min_poll_s is not None},
             vacuum_every_rows=vacuum_every, read_timeout_s=settings.http_timeout_s,
             shutdown_timeout_s=shutdown_timeout)
     except ConfigError as exc:
@@ -178,7 +180,9 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                 lease_s=lease_s, http_timeout_s=settings.http_timeout_s,
                 first_poll_s=settings.first_poll_s, drain=drain, listen=not no_listen,
                 policy=settings.policy, worker_id=worker_id, accounts=served,
-                budgets=settings.budgets("create", served), shutdown_timeout_s=shutdown_timeout)
+                budgets=settings.budgets("create", served), shutdown_timeout_s=shutdown_timeout,
+                resend_unknown=frozenset(name for name, acc in settings.accounts.items()
+                                         if acc.on_unknown_create == "resend"))
         except ConfigError as exc:
             _stderr(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)")
             sys.exit(2)

@@ -33,14 +33,20 @@ instead of retrying); `Rules.created_handle(body) -> dict | None` (what a 2xx an
 create holds beyond the job id that later reads must use, e.g. fal's status and result URLs:
 stored with the job (`video_jobs.handle`) and passed to `Client.read_status` /
 `read_result` as `handle`); `Webhooks.secret_problem(secret) -> str | None` (why a configured
-webhook secret cannot be the provider's: `serve` refuses to start, never showing it).
+webhook secret cannot be the provider's: `serve` refuses to start, never showing it);
+`Provider.account_options` (a mapping of field name -> `AccountOption`: the provider's own
+fields in an `[accounts.NAME]` table, handed to `client()` in `ProviderOptions.extra`;
+`default_base_url` may name them, `https://{location}-aiplatform.googleapis.com`);
+`Provider.key_setting` (`"api_key_env"` unless the account's credential is something else:
+Vertex AI's `"credentials_file"`, a service-account key file whose path is then the
+account's `api_key`, read by the client).
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal, Protocol
@@ -233,6 +239,22 @@ class ProviderOptions:
 
     webhook_url: str | None = None
     """Where the provider should call when a job ends (creates ask for it)."""
+    extra: Mapping[str, str] = field(default_factory=dict)
+    """The provider's own account fields (`Provider.account_options`), checked, with their
+    defaults filled in."""
+
+
+@dataclass(frozen=True, slots=True)
+class AccountOption:
+    """A field an account of one provider may set in the accounts file besides the common
+    ones (`platform_url` for fal, `project` for Vertex AI): checked when the file is read."""
+
+    kind: Literal["url", "text", "path"]
+    """`url`: checked as a base URL is (https, or http to loopback); `text`: a short
+    printable word (no `/`, no spaces); `path`: a file that must exist and be readable."""
+    default: str | None = None
+    """None: required (an account without it is refused, naming the field)."""
+    example: str = ""
 
 
 class Provider(Protocol):

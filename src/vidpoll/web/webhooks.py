@@ -5,7 +5,10 @@ One route serves every provider: the path names it (`/webhooks/<name>`), the reg
 it, and its `webhooks` (vidpoll.providers.base.Webhooks) verify the delivery and name its
 job; this module knows no provider's headers. A provider is served when the caller gives its
 secret(s) (`setup_webhooks`' `secrets`, provider name -> secret(s)); a path naming any other
-is a 404, refused like a forged delivery.
+is a 404, refused like a forged delivery. A provider whose deliveries are checked with keys
+fetched over HTTP (fal: its "secret" is the URL of its JWKS) has the optional async
+`Webhooks.refresh_keys`: awaited before verifying, and once more after a `signature`
+refusal (then the delivery is verified again if the keys changed); it bounds its own fetches.
 
 Anyone who can reach the server can send deliveries, so a refused one costs no database work,
 no row and at most one log line per reason a minute (vidpoll.webhook.LogSampler); each is
@@ -21,7 +24,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -117,7 +120,11 @@ WEBHOOK_PRUNER = web.AppKey("webhook_pruner", WebhookEventPruner)
 WebhookSecrets = Mapping[str, str | Sequence[str] | None]
 """Provider name -> its webhook secret(s), what `setup_webhooks` serves: several when several
 accounts of the provider (or a rotation on vidpoll's side) sign with different ones; None or
-empty: the provider's route answers 503."""
+empty: the provider's route answers 503. For a provider with `refresh_keys` (fal) each
+"secret" names where its keys are fetched from (a JWKS URL), not a secret."""
+
+KeyRefresher = Callable[..., Awaitable[bool]]
+"""`Webhooks.refresh_keys(secret, *, refused=False) -> bool` (optional, providers/base.py)."""
 
 
 def secrets_of(given: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -176,6 +183,29 @@ def verify_any(hooks: Webhooks, secrets: Sequence[str], headers: Mapping[str, st
     raise refused
 
 
+async def verify_fresh(hooks: Webhooks, secrets: Sequence[str], headers: Mapping[str, str],
+                       body: bytes, clock: Callable[[], float],
+                       tolerance_s: float) -> WebhookHint:
+    """verify_any, for a provider whose keys are fetched (`Webhooks.refresh_keys`, optional):
+    its keys made ready first; after a `signature` refusal, fetched anew (the provider allows
+    one fetch a minute, whatever arrives) and, if they changed, the delivery verified once
+    more. A provider without `refresh_keys` is verify_any."""
+    refresh: KeyRefresher | None = getattr(hooks, "refresh_keys", None)
+    if refresh is None:
+        return verify_any(hooks, secrets, headers, body, clock(), tolerance_s)
+    for secret in secrets:
+        await refresh(secret)
+    try:
+        return verify_any(hooks, secrets, headers, body, clock(), tolerance_s)
+    except WebhookRejected as exc:
+        if exc.reason != "signature":
+            raise
+        changed = [await refresh(secret, refused=True) for secret in secrets]
+        if not any(changed):
+            raise
+    return verify_any(hooks, secrets, headers, body, clock(), tolerance_s)
+
+
 def setup_webhooks(app: web.Application, store: PgStore, secrets: WebhookSecrets, *,
                    tolerance_s: float = DEFAULT_TOLERANCE_S,
                    clock: Callable[[], float] = time.time,
@@ -219,8 +249,8 @@ def setup_webhooks(app: web.Application, store: PgStore, secrets: WebhookSecrets
         except web.HTTPRequestEntityTooLarge:
             return refuse("too_large", "chunked body cut off at the limit", 413, too_large)
         try:
-            hint = verify_any(served.webhooks, served.secrets, request.headers, body, clock(),
-                              tolerance_s)
+            hint = await verify_fresh(served.webhooks, served.secrets, request.headers, body,
+                                      clock, tolerance_s)
         except WebhookRejected as exc:
             if exc.reason == "malformed":  # signed: the sender may hear what is missing
                 return refuse(exc.reason, str(exc), 400, str(exc))
