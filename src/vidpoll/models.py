@@ -148,6 +148,9 @@ class ClaimedIntent:
     is `reconciling`. A provider without an idempotency key then gets a look-up, never a POST."""
     window_from: datetime | None = None
     """When the earliest unsettled create may have been sent (the database's clock)."""
+    window_to: datetime | None = None
+    """The latest an unsettled create may have been sent (its outcome recorded as unknown,
+    or this claim for a dead claim's POST), by the database's clock."""
 
 
 @dataclass(frozen=True, slots=True)

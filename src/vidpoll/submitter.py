@@ -58,7 +58,8 @@ from vidpoll.policy import (
     probe_verdict,
     server_pause_s,
 )
-from vidpoll.providers.base import CreateLookup, Rules
+from vidpoll.providers.base import Rules
+from vidpoll.reconcile import Lookups, Wanted
 from vidpoll.runner import (
     DB_BACKOFF_MAX_S,
     IDLE_MAX_S,
@@ -85,6 +86,12 @@ WAKE_CHANNELS = ("vidpoll_intents", "vidpoll_job_done")
 LOOKBACK_S = 3600.0
 """How far back a look-up searches for an intent parked before its window was recorded (by a
 release before 0015): the providers' records keep inputs about an hour."""
+RECONCILE_RETRY_MAX_S = 5.0
+"""The longest a failed look-up waits before the next (unless the provider names a longer
+wait): the walk already retried each page in place, and the provider's records of inputs
+expire (Replicate's after an hour), so a long backoff only loses them."""
+RECONCILE_WAIT_MAX_S = 60.0
+"""The longest wait a look-up honours from the provider's Retry-After."""
 PROBE_PREFIX = "vidpoll-probe-"
 """The job id a misrouted account's probe reads (a status read, never a POST): one that cannot
 exist, so the provider's own "not found" proves the base URL right again."""
@@ -236,6 +243,10 @@ class Submitter(Runner):
         # accounts whose creates something other than the provider answers: paused until a status
         # read (never a POST) reaches the provider again
         self._misroutes: dict[str, _CreateMisroute] = {}
+        self.lookups = Lookups(self._rng, on_calls=self._count_list_calls)
+        self._looking = 0
+        """Look-ups in flight (counted in `_inflight` too, but taking no POST slot)."""
+        """The shared walks of the provider's records (vidpoll.reconcile)."""
         self._one_shot = False
         """submit_now's: one POST whose caller reports a wrong URL itself (no ERROR here)."""
 
@@ -283,7 +294,9 @@ class Submitter(Runner):
                 # intents still go out, so only a refused key everywhere sleeps here)
                 await self._sleep(paused_for)
                 continue
-            free = cfg.concurrency - self._inflight
+            # look-ups (no POST: the shared walk of the provider's records) take no POST slot:
+            # those claimed while a walk runs all join the next one
+            free = cfg.concurrency - (self._inflight - self._looking)
             if free <= 0:
                 await self._sleep(cfg.idle_max_s)  # a finishing POST wakes us
                 continue
@@ -413,9 +426,19 @@ class Submitter(Runner):
 
     def _spawn_send(self, intent: ClaimedIntent, claimed_at: float) -> None:
         self._inflight += 1
-        self._spawn(self._send_and_count(intent, claimed_at))
+        looking = self._is_lookup(intent)
+        self._looking += looking
+        self._spawn(self._send_and_count(intent, claimed_at, looking))
 
-    async def _send_and_count(self, intent: ClaimedIntent, claimed_at: float) -> None:
+    def _is_lookup(self, intent: ClaimedIntent) -> bool:
+        """Whether sending `intent` is a look-up in the provider's records, not a POST."""
+        creator = self.creators.get(intent.account)
+        return bool(creator is not None and creator.rules.idempotency_header is None
+                    and (intent.unsettled or intent.state == UNKNOWN)
+                    and callable(getattr(creator, "list_created", None)))
+
+    async def _send_and_count(self, intent: ClaimedIntent, claimed_at: float,
+                              looking: bool = False) -> None:
         try:
             await self.send(intent, claimed_at)
         except Exception:
@@ -423,6 +446,7 @@ class Submitter(Runner):
                           "again with the same key", intent.key)
         finally:
             self._inflight -= 1
+            self._looking -= looking
             self._wake.set()
         await self.signals.pulse()
 
@@ -448,9 +472,12 @@ class Submitter(Runner):
             # the provider's own records settle it, or an operator does; never a blind re-send
             # (unless the account chose one, for a provider with no records to look in)
             if not (intent.account in cfg.resend_unknown
-                    and not callable(getattr(creator, "find_created", None))
+                    and not callable(getattr(creator, "list_created", None))
                     and intent.state != UNKNOWN):
-                outcome = await self._reconcile(intent, creator)
+                # the walk stops in time for its answer to land within the lease
+                started = claimed_at if claimed_at is not None else loop.time()
+                outcome = await self._reconcile(intent, creator,
+                                                started + cfg.lease_s - cfg.http_timeout_s)
                 await self._record(outcome, intent.account)
                 return outcome
             self.stats.resent += 1
@@ -493,7 +520,8 @@ class Submitter(Runner):
         await self._record(decision, intent.account)
         return decision
 
-    async def _reconcile(self, intent: ClaimedIntent, creator: VideoCreator) -> SubmitOutcome:
+    async def _reconcile(self, intent: ClaimedIntent, creator: VideoCreator,
+                         deadline: float = float("inf")) -> SubmitOutcome:
         """Settle a create whose outcome is unknown from the provider's own records (a provider
         without an idempotency key): adopt the one job they hold for this input, send again
         when they prove there is none, or park the intent as `unknown` for an operator."""
@@ -509,30 +537,25 @@ class Submitter(Runner):
                                        f"idempotency key): settle it with `vidpoll intents "
                                        f"resolve {key} --job-id ID | --not-billed`")
 
-        finder = getattr(creator, "find_created", None)
-        if not callable(finder):
+        if not callable(getattr(creator, "list_created", None)):
             return park("an earlier create's outcome is unknown and this provider's records "
                         "cannot be searched")
         now = self._clock()
         window_from = intent.window_from or now - timedelta(seconds=LOOKBACK_S)
+        sent_by = intent.window_to or now
         age_s = (now - window_from).total_seconds()
-        if intent.state != UNKNOWN and age_s < policy.reconcile_settle_s:
-            # a crash mid-POST found early (a short lease): the list may not show it yet
+        settle_left = policy.reconcile_settle_s - (now - sent_by).total_seconds()
+        if intent.state != UNKNOWN and settle_left > 0:
+            # too early (a crash mid-POST found at once): the list may not show it yet
             metrics.RECONCILIATIONS.labels(intent.account, "retry").inc()
-            return SubmitOutcome(key, token, RECONCILING, policy.reconcile_settle_s - age_s,
+            return SubmitOutcome(key, token, RECONCILING, settle_left,
                                  error="waiting for the provider's records to settle")
         self.stats.lookups += 1
-        try:
-            lookup = await finder(intent.payload, intent.model,
-                                  window_from - timedelta(seconds=policy.reconcile_skew_s),
-                                  now + timedelta(seconds=policy.reconcile_skew_s))
-            if not isinstance(lookup, CreateLookup):
-                raise TypeError(type(lookup).__name__)
-        except Exception as exc:  # the client promises answers; be safe anyway
-            log.exception("intent %s: looking up its create raised", key)
-            lookup = CreateLookup(False, detail=type(exc).__name__)
-        self.stats.list_calls += lookup.calls
-        metrics.LIST_CALLS.labels(intent.account).inc(lookup.calls)
+        skew = timedelta(seconds=policy.reconcile_skew_s)
+        wanted = Wanted(key, intent.payload, intent.model, window_from - skew,
+                        sent_by + timedelta(seconds=policy.reconcile_settle_s) + skew, sent_by)
+        lookup = await self.lookups.find(intent.account, creator, creator.rules,  # type: ignore[arg-type]
+                                         wanted, deadline)
         if not lookup.complete:
             failure = lookup.failure
             status = failure.status if failure is not None else None
@@ -540,9 +563,12 @@ class Submitter(Runner):
                 return park(f"the provider's records could not be read for {age_s:.0f}s "
                             f"({lookup.detail})", status)
             hinted = parse_retry_after(failure.retry_after if failure else None, now)
-            delay = (min(policy.max_poll_s, max(policy.min_poll_s, hinted))
+            # short while the provider's retention clock runs (its records of inputs go):
+            # the walk already tried each page again in place, and resumes where it stopped
+            delay = (min(RECONCILE_WAIT_MAX_S, max(policy.min_poll_s, hinted))
                      if hinted is not None
-                     else backoff_delay(intent.consecutive_errors + 1, policy, self._rng))
+                     else min(RECONCILE_RETRY_MAX_S,
+                              backoff_delay(intent.consecutive_errors + 1, policy, self._rng)))
             metrics.RECONCILIATIONS.labels(intent.account, "retry").inc()
             return SubmitOutcome(key, token, RECONCILING, delay, http_status=status,
                                  error_class=(failure.transport_error if failure else None)
@@ -561,8 +587,21 @@ class Submitter(Runner):
             self.stats.adopted += 1
             metrics.RECONCILIATIONS.labels(intent.account, "adopted").inc()
             return SubmitOutcome(key, token, SUBMITTED, job_id=job_id, adopted=True,
+                                 handle=lookup.handles.get(job_id),
                                  error=f"adopted from the provider's records ({lookup.calls} "
                                        f"list calls)")
+        if not matches and not unsure and not lookup.proves_absence:
+            # the records list creates only once they have started (fal's queue): one still
+            # queued would not show yet, so "not listed" is no proof until they pass it
+            if age_s > policy.reconcile_deadline_s:
+                return park(f"the provider's records do not list this input, but they do not "
+                            f"yet list every create sent by {sent_by:%H:%M:%S} UTC either "
+                            f"(a request still queued is not listed) after {age_s:.0f}s")
+            metrics.RECONCILIATIONS.labels(intent.account, "retry").inc()
+            return SubmitOutcome(key, token, RECONCILING, RECONCILE_RETRY_MAX_S,
+                                 error="not in the provider's records yet, which list a create "
+                                       "only once it has started; looked up again until they "
+                                       "pass the attempt")
         if not matches and not unsure:
             self.stats.resent += 1
             metrics.RECONCILIATIONS.labels(intent.account, "resent").inc()
@@ -573,6 +612,10 @@ class Submitter(Runner):
         shown = ", ".join([*matches, *unsure][:5])
         return park(f"the provider's records hold {len(matches)} job(s) of this exact input "
                     f"and {len(unsure)} whose input can no longer be compared ({shown})")
+
+    def _count_list_calls(self, account: str, calls: int) -> None:
+        self.stats.list_calls += calls
+        metrics.LIST_CALLS.labels(account).inc(calls)
 
     async def _record(self, outcome: SubmitOutcome, account: str) -> None:
         """Write the outcome, retrying through a database outage.

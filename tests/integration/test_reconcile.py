@@ -22,7 +22,8 @@ import pytest
 
 from vidpoll.models import ErrorClass, HttpAnswer
 from vidpoll.policy import PollPolicy
-from vidpoll.providers.base import CreateLookup
+from vidpoll import reconcile
+from vidpoll.providers.base import Created, CreatedPage
 from vidpoll.providers.sume.rules import SumeRules
 from vidpoll.store import PgStore
 from vidpoll.submitter import Submitter, SubmitterConfig
@@ -35,6 +36,9 @@ POLICY = dataclasses.replace(FAST_POLICY, reconcile_settle_s=0.05, reconcile_dea
 
 class NoKeyRules(SumeRules):
     idempotency_header = None
+
+    def match_created(self, entry: Any, payload: dict[str, Any], model: str | None) -> str:
+        return "same" if entry["model"] == model and entry["input"] == payload else "other"
 
 
 class LedgerClient:
@@ -50,6 +54,7 @@ class LedgerClient:
         self.lookups = 0
         self.lookup_failures = 0
         """Look-ups still to fail (a list endpoint down)."""
+        self.fails_in_walk = 0
 
     def bill(self, payload: dict[str, Any], model: str | None) -> str:
         job_id = f"pred_{len(self.records) + 1}"
@@ -70,17 +75,24 @@ class LedgerClient:
             return HttpAnswer(None, transport_error=ErrorClass.TIMEOUT, detail="no answer")
         return HttpAnswer(201, json.dumps({"id": job_id}).encode())
 
-    async def find_created(self, payload: dict[str, Any], model: str | None,
-                           since: datetime, until: datetime) -> CreateLookup:
-        self.lookups += 1
+    def list_scope(self, model: str | None) -> str:
+        return ""
+
+    async def list_created(self, model: str | None, since: datetime, until: datetime,
+                           cursor: str | None) -> CreatedPage:
+        """The whole ledger as one page (a failure: `lookup_failures` walks in a row, each
+        page tried PAGE_TRIES times by the core, answer 503)."""
+        if cursor is None and self.fails_in_walk == 0:
+            self.lookups += 1  # a walk begins (its page tried again in place counts once)
         if self.lookup_failures > 0:
-            self.lookup_failures -= 1
-            return CreateLookup(False, calls=1, failure=HttpAnswer(503, b""),
-                                detail="HTTP 503")
-        found = tuple(r["id"] for r in self.records
-                      if r["model"] == model and r["input"] == payload
-                      and since <= r["at"] <= until)
-        return CreateLookup(True, matches=found, calls=1)
+            if self.fails_in_walk == reconcile.PAGE_TRIES - 1:
+                self.lookup_failures -= 1
+                self.fails_in_walk = 0
+            else:
+                self.fails_in_walk += 1
+            return CreatedPage(failure=HttpAnswer(503, b""), detail="HTTP 503")
+        return CreatedPage(tuple(Created(r["id"], r, r["at"]) for r in self.records
+                                 if since <= r["at"] <= until))
 
 
 def submitter(store: PgStore, client: Any, policy: PollPolicy = POLICY) -> Submitter:
@@ -213,7 +225,7 @@ async def test_a_refusal_without_a_key_is_final(store: PgStore) -> None:
 
 
 class NoListClient(LedgerClient):
-    find_created = None  # type: ignore[assignment]  # a provider without a list endpoint
+    list_created = None  # type: ignore[assignment]  # a provider without a list endpoint
 
 
 @pytest.mark.parametrize("script", [["lost"]])

@@ -4,6 +4,7 @@ token to another origin), and that no answer hands back the token."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -13,11 +14,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from vidpoll import reconcile
 from vidpoll.models import ErrorClass, HttpAnswer
 from vidpoll.providers import registry
-from vidpoll.providers.base import ProviderOptions
-from vidpoll.providers.replicate import client as replicate_client
+from vidpoll.providers.base import CreateLookup, ProviderOptions
 from vidpoll.providers.replicate.client import ReplicateClient
+from vidpoll.reconcile import Lookups, Wanted
 from vidpoll.providers.replicate.rules import RULES
 
 from ..conftest import free_port
@@ -28,6 +30,20 @@ PAYLOAD = {"prompt": "a heron at dawn", "duration": 5, "loop": False, "seed": No
            "tags": ["a", "b"], "nested": {"x": 1.5, "url": "https://cdn.example/i.png?sig=1"}}
 SINCE = datetime(2025, 3, 1, 12, 0, 0, 250_000, tzinfo=UTC)
 UNTIL = datetime(2025, 3, 1, 12, 30, 0, 1, tzinfo=UTC)
+
+
+async def _no_wait(_: float) -> None:
+    return None
+
+
+async def find_created(client: ReplicateClient, payload: dict[str, Any], model: str,
+                       since: datetime, until: datetime) -> CreateLookup:
+    """One look-up through the core's walk of the pages (vidpoll.reconcile), its waits
+    between tries of a failed page skipped."""
+    import random
+    lookups = Lookups(random.Random(0), sleep=_no_wait)
+    return await lookups.find("acct", client, RULES,
+                              Wanted("k", payload, model, since, until, until))
 
 
 @dataclass
@@ -49,6 +65,10 @@ class Api:
     """List pages by `cursor` ("" for the first)."""
     list_status: int = 200
     list_raw: bytes | None = None
+    failing: dict[str, list[int]] = field(default_factory=dict)
+    """By cursor: the statuses its next reads answer before the page (a busy list)."""
+    down: set[str] = field(default_factory=set)
+    """Cursors whose page answers 500 until the test mends it."""
 
     async def record(self, request: web.Request) -> Seen:
         seen = Seen(request.method, request.path, dict(request.query),
@@ -76,10 +96,12 @@ class Api:
         if self.list_raw is not None:
             return web.Response(body=self.list_raw, status=self.list_status,
                                 content_type="application/json")
-        if self.list_status != 200:
-            return web.json_response({"detail": f"boom for token {TOKEN}"},
-                                     status=self.list_status)
-        return web.json_response(self.pages[request.query.get("cursor", "")])
+        cursor = request.query.get("cursor", "")
+        status = (self.failing[cursor].pop(0) if self.failing.get(cursor)
+                  else 500 if cursor in self.down else self.list_status)
+        if status != 200:
+            return web.json_response({"detail": f"boom for token {TOKEN}"}, status=status)
+        return web.json_response(self.pages[cursor])
 
     async def read(self, request: web.Request) -> web.Response:
         await self.record(request)
@@ -253,9 +275,9 @@ async def test_the_token_never_comes_back_in_a_body_nor_a_repr(api: Api) -> None
         answers = [await client.read_status("echo"), await client.read_status("p-4"),
                    await client.read_result("p-4"),
                    await client.create_video({"prompt": TOKEN}, "k", "acme/video")]
-        lookup = await client.find_created(PAYLOAD, "acme/video", SINCE, UNTIL)
+        lookup = await find_created(client, PAYLOAD, "acme/video", SINCE, UNTIL)
         api.list_status = 500
-        failed = await client.find_created(PAYLOAD, "acme/video", SINCE, UNTIL)
+        failed = await find_created(client, PAYLOAD, "acme/video", SINCE, UNTIL)
     assert answers[0].status == 401 and b"<redacted>" in answers[0].body
     for answer in answers:
         no_token(answer)
@@ -294,7 +316,7 @@ async def test_a_look_up_follows_next_pages_on_the_same_origin(api: Api) -> None
     api.pages["c3"] = {"next": None, "results": [listed(api, "p-same-2"),
                                                  listed(api, "p-v2", version="0" * 64)]}
     async with ReplicateClient(api.base, TOKEN) as client:
-        lookup = await client.find_created(PAYLOAD, f"acme/video:{VERSION}", SINCE, UNTIL)
+        lookup = await find_created(client, PAYLOAD, f"acme/video:{VERSION}", SINCE, UNTIL)
     assert lookup.complete and lookup.failure is None and lookup.calls == 3
     assert lookup.matches == ("p-same-1", "p-same-2")
     assert lookup.unsure == ("p-removed",)
@@ -305,11 +327,59 @@ async def test_a_look_up_follows_next_pages_on_the_same_origin(api: Api) -> None
     assert all(s.headers["Authorization"] == f"Bearer {TOKEN}" for s in api.seen)
 
 
+def three_pages(api: Api) -> None:
+    api.pages[""] = {"next": f"{api.base}/v1/predictions?cursor=c2",
+                     "results": [listed(api, "p-1", input={"prompt": "other"})]}
+    api.pages["c2"] = {"next": f"{api.base}/v1/predictions?cursor=c3",
+                       "results": [listed(api, "p-2")]}
+    api.pages["c3"] = {"next": None,
+                       "results": [listed(api, "p-3", input={**PAYLOAD, "seed": 99})]}
+
+
+async def test_a_page_that_fails_now_and_then_is_tried_again_in_place(api: Api) -> None:
+    three_pages(api)
+    api.failing = {"c2": [500, 429, 503], "c3": [502]}
+    async with ReplicateClient(api.base, TOKEN) as client:
+        lookup = await find_created(client, PAYLOAD, "acme/video", SINCE, UNTIL)
+    assert lookup.complete and lookup.matches == ("p-2",) and lookup.calls == 3 + 4
+    # never page one again: each failed page was read again where it failed
+    assert [s.query.get("cursor", "") for s in api.seen] == ["", *["c2"] * 4, "c3", "c3"]
+
+
+async def test_a_walk_that_stopped_resumes_from_the_page_that_failed(api: Api) -> None:
+    three_pages(api)
+    api.down = {"c3"}
+    lookups = Lookups(__import__("random").Random(0), sleep=_no_wait)
+    wanted = Wanted("k", PAYLOAD, "acme/video", SINCE, UNTIL, UNTIL)
+    async with ReplicateClient(api.base, TOKEN) as client:
+        first = await lookups.find("acct", client, RULES, wanted)
+        assert not first.complete and first.matches == ("p-2",)
+        api.down = set()
+        api.seen.clear()
+        second = await lookups.find("acct", client, RULES, wanted)
+    assert second.complete and second.matches == ("p-2",) and lookups.resumed == 1
+    assert [s.query.get("cursor", "") for s in api.seen] == ["c3"]
+
+
+async def test_lookups_that_arrive_together_share_one_walk(api: Api) -> None:
+    three_pages(api)
+    lookups = Lookups(__import__("random").Random(0), sleep=_no_wait)
+    others = [{**PAYLOAD, "seed": n} for n in range(20)]
+    async with ReplicateClient(api.base, TOKEN) as client:
+        found = await asyncio.gather(*(
+            lookups.find("acct", client, RULES,
+                         Wanted(f"k{n}", payload, "acme/video", SINCE, UNTIL, UNTIL))
+            for n, payload in enumerate([PAYLOAD, *others])))
+    assert len(api.seen) == 3 and lookups.walks == 1  # one walk of three pages for 21
+    assert found[0].matches == ("p-2",) and all(not f.matches for f in found[1:])
+    assert all(f.complete for f in found)
+
+
 async def test_a_next_page_on_another_origin_is_not_followed(api: Api, elsewhere: Api) -> None:
     api.pages[""] = {"next": f"{elsewhere.base}/v1/predictions?cursor=c2",
                      "results": [listed(api, "p-same")]}
     async with ReplicateClient(api.base, TOKEN) as client:
-        lookup = await client.find_created(PAYLOAD, "acme/video", SINCE, UNTIL)
+        lookup = await find_created(client, PAYLOAD, "acme/video", SINCE, UNTIL)
     assert not lookup.complete and lookup.calls == 1
     assert "another origin" in lookup.detail and "cursor" not in lookup.detail
     assert elsewhere.seen == []  # the token went nowhere else
@@ -325,18 +395,18 @@ async def test_a_next_page_on_another_scheme_host_or_port_or_with_credentials_is
     port = api.base.rsplit(":", 1)[1]
     api.pages[""] = {"next": following.format(port=port, free=free_port()), "results": []}
     async with ReplicateClient(api.base, TOKEN) as client:
-        lookup = await client.find_created(PAYLOAD, "acme/video", SINCE, UNTIL)
+        lookup = await find_created(client, PAYLOAD, "acme/video", SINCE, UNTIL)
     assert not lookup.complete and lookup.calls == 1 and len(api.seen) == 1
     assert "another origin" in lookup.detail
 
 
 async def test_a_look_up_reads_at_most_max_list_pages(api: Api, monkeypatch: Any) -> None:
-    monkeypatch.setattr(replicate_client, "MAX_LIST_PAGES", 3)
+    monkeypatch.setattr(reconcile, "MAX_PAGES", 3)
     for n in range(5):
         api.pages["" if n == 0 else f"c{n}"] = {
             "next": f"{api.base}/v1/predictions?cursor=c{n + 1}", "results": []}
     async with ReplicateClient(api.base, TOKEN) as client:
-        lookup = await client.find_created(PAYLOAD, "acme/video", SINCE, UNTIL)
+        lookup = await find_created(client, PAYLOAD, "acme/video", SINCE, UNTIL)
     assert not lookup.complete and lookup.calls == 3 and len(api.seen) == 3
     assert "more than 3 pages" in lookup.detail
 
@@ -345,7 +415,7 @@ async def test_a_next_page_that_repeats_one_already_read_stops(api: Api) -> None
     api.pages[""] = {"next": f"{api.base}/v1/predictions?cursor=c1", "results": []}
     api.pages["c1"] = {"next": f"{api.base}/v1/predictions?cursor=c1", "results": []}
     async with ReplicateClient(api.base, TOKEN) as client:
-        lookup = await client.find_created(PAYLOAD, "acme/video", SINCE, UNTIL)
+        lookup = await find_created(client, PAYLOAD, "acme/video", SINCE, UNTIL)
     assert not lookup.complete and lookup.calls == 2 and "already read" in lookup.detail
 
 
@@ -360,22 +430,25 @@ async def test_a_failed_list_call_leaves_the_look_up_incomplete_with_its_answer(
         api: Api, status: int, raw: bytes | None, said: str) -> None:
     api.list_status, api.list_raw = status, raw
     async with ReplicateClient(api.base, TOKEN) as client:
-        lookup = await client.find_created(PAYLOAD, "acme/video", SINCE, UNTIL)
-    assert not lookup.complete and lookup.calls == 1 and said in lookup.detail
+        lookup = await find_created(client, PAYLOAD, "acme/video", SINCE, UNTIL)
+    # the core tried the page again in place: a 429 after its wait, any other a few times
+    tries = reconcile.MAX_THROTTLED_TRIES + 1 if status == 429 else reconcile.PAGE_TRIES
+    assert not lookup.complete and lookup.calls == tries and said in lookup.detail
     assert lookup.failure is not None and lookup.failure.status == status
 
 
 async def test_an_unreachable_list_is_an_incomplete_look_up_not_an_exception() -> None:
     async with ReplicateClient(f"http://127.0.0.1:{free_port()}", TOKEN,
                                timeout_s=2.0) as client:
-        lookup = await client.find_created(PAYLOAD, "acme/video", SINCE, UNTIL)
+        lookup = await find_created(client, PAYLOAD, "acme/video", SINCE, UNTIL)
     assert not lookup.complete and lookup.failure is not None
-    assert lookup.failure.transport_error is ErrorClass.CONNECTION and lookup.calls == 1
+    assert lookup.failure.transport_error is ErrorClass.CONNECTION
+    assert lookup.calls == reconcile.PAGE_TRIES  # tried again in place, quickly
 
 
 async def test_a_token_no_header_can_carry_is_never_sent(api: Api) -> None:
     async with ReplicateClient(api.base, "r8_bad\ntoken") as client:
-        lookup = await client.find_created(PAYLOAD, "acme/video", SINCE, UNTIL)
+        lookup = await find_created(client, PAYLOAD, "acme/video", SINCE, UNTIL)
         create = await client.create_video(PAYLOAD, "k", "acme/video")
     assert api.seen == [] and lookup.calls == 0 and not lookup.complete
     assert create.transport_error is ErrorClass.CONNECTION

@@ -58,7 +58,7 @@ def serve_cmd(host: str, port: int, metrics_port: int | None, metrics_host: str)
             got = secrets.setdefault(acc.provider, None) or []
             of_account = getattr(hooks, "account_secret", None)
             secret = acc.webhook_secret if of_account is None else of_account(
-                acc.webhook_secret, getattr(acc, "options", None) or {})
+                acc.webhook_secret, acc.options)
             if secret and secret not in got:
                 got.append(secret)
             secrets[acc.provider] = got or None

@@ -20,13 +20,15 @@ What differs between providers, and where it is said:
 - webhooks: `Provider.webhooks` (verify a delivery and name its job), None when it has none;
 - rate limits: `Rules.rate_limit_headers`; polling: `Rules.min_poll_s`, the default floor;
   `Provider.default_rates`, the fleet-wide budgets an account gets unless it sets its own;
-- reconciling: a client that is also a `Reconciler` (`find_created`) lets an unknown create of
-  a provider without an idempotency key be looked up in the provider's own records (adopted,
-  or proven absent and sent again) instead of parked for an operator.
+- reconciling: a client that is also a `Reconciler` (`list_created`, with
+  `Rules.match_created`) lets an unknown create of a provider without an idempotency key be
+  looked up in the provider's own records (adopted, or proven absent and sent again) instead
+  of parked for an operator.
 
 Optional members, looked up with getattr (a provider without them loses nothing):
-`Client.find_created` (above); `Rules.model_problem(model) -> str | None` (why `submit
---model` cannot name a model of the provider, checked before the intent is recorded);
+`Client.list_created` and `list_scope` (above, with `Rules.match_created`);
+`Rules.model_problem(model) -> str | None` (why `submit --model` cannot name a model of the
+provider, checked before the intent is recorded);
 `Rules.result_problem(result) -> str | None` (why a succeeded job's media can never be
 downloaded, e.g. the provider deleted them: the download fails at once with that reason
 instead of retrying); `Rules.created_handle(body) -> dict | None` (what a 2xx answer to a
@@ -216,20 +218,73 @@ class CreateLookup:
     matches: tuple[str, ...] = ()
     unsure: tuple[str, ...] = ()
     calls: int = 0
-    """List requests sent for this lookup."""
+    """List requests sent by the walk that served this lookup (shared with others)."""
     failure: HttpAnswer | None = None
     detail: str = ""
     """Why the lookup is incomplete, for the intent's last_error (no secret, no query)."""
+    handles: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    """By job id: what later reads of a matched job need beyond its id (its handle)."""
+    proves_absence: bool = True
+    """A complete walk with no match proves no create was made only if the records list
+    every create sent by then (`CreatedPage.listed_through`); False: not yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """One create in the provider's records, as a page of them lists it."""
+
+    job_id: str | None
+    """None: listed without a usable id (a record of the intent's input then leaves the
+    look-up unproven)."""
+    entry: Any
+    """The record as the provider wrote it, for `Rules.match_created`."""
+    created_at: datetime | None = None
+    """When the provider recorded it (None: unknown: it counts as inside every window)."""
+    handle: dict[str, Any] | None = None
+    """What later reads of the job need beyond its id, if it is adopted (`created_handle`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedPage:
+    """One page of the provider's records of creates, or why it could not be read.
+
+    A failed page (`failure` set, or `detail` without `failure`: an answer that is not a page)
+    is tried again in place by the core (`vidpoll.reconcile`): a 429 after its wait, a 5xx, a
+    dropped connection or a garbled page a few times quickly; `final` says no retry can help
+    (a next page on another origin, too many pages)."""
+
+    entries: tuple[Created, ...] = ()
+    next_cursor: str | None = None
+    """What reads the next page (opaque to the core); None: this was the last."""
+    failure: HttpAnswer | None = None
+    detail: str = ""
+    """Why the page could not be read, for the intent's last_error (no secret, no query)."""
+    final: bool = False
+    calls: int = 1
+    """Requests the page cost: 0 when nothing was sent (a key no header can carry)."""
+    listed_through: datetime | None = None
+    """None: every create is listed as soon as it is made (Replicate). Else the records are
+    known complete only for creates made before this time: fal lists a request once it has
+    started, and its queue starts requests in order, so the newest started request listed
+    proves every earlier one listed; absence is proven only for an intent whose creates were
+    all sent before it."""
 
 
 class Reconciler(Protocol):
-    """A client that can look up the creates of an input in the provider's own records."""
+    """A client that can list the creates the provider recorded for the account, page by page;
+    `Rules.match_created(entry, payload, model) -> "same" | "unsure" | "other"` compares each
+    with an intent. The core (`vidpoll.reconcile`) walks the pages once for every unknown
+    create of one scope that is due, retrying a failed page in place and resuming from it."""
 
-    async def find_created(self, payload: dict[str, Any], model: str | None,
-                           since: datetime, until: datetime) -> CreateLookup:
-        """Every job the account created between `since` and `until` (the provider's clock)
-        for `model` whose recorded input holds `payload`'s fields with the same values.
-        Never raises for an HTTP failure: `CreateLookup(complete=False, failure=answer)`."""
+    def list_scope(self, model: str | None) -> str:
+        """Which intents one listing serves: those whose model gives the same scope ("" for a
+        provider whose list holds every model's creates; fal's is per endpoint)."""
+
+    async def list_created(self, model: str | None, since: datetime, until: datetime,
+                           cursor: str | None) -> CreatedPage:
+        """One page of the creates recorded between `since` and `until` (the provider's
+        clock) for `model`'s scope: the first page when `cursor` is None, else the page it
+        names. Never raises for an HTTP failure (`CreatedPage(failure=answer)`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,7 @@ def _claimed_intent(row: dict[str, Any]) -> ClaimedIntent:
                          consecutive_errors=row["consecutive_errors"], account=row["account"],
                          state=row["state"], outcome_unknown=bool(row["outcome_unknown"]),
                          model=row.get("model"), unsettled=bool(row.get("unsettled")),
-                         window_from=row.get("window_from"))
+                         window_from=row.get("window_from"), window_to=row.get("window_to"))
 
 
 class PgIntents(PgBase):

@@ -174,7 +174,11 @@ RETURNING i.idempotency_key, i.claim_token, i.payload, i.attempts, i.consecutive
           -- claim never recorded its POST's answer, or the intent is being looked up
           ((picked.old_token IS NOT NULL AND i.state = 'queued' AND i.attempts > 1)
            OR i.state = 'reconciling') AS unsettled,
-          i.create_window_from AS window_from;
+          i.create_window_from AS window_from,
+          -- the latest an unsettled create may have been sent: when its outcome was recorded
+          -- unknown (no POST goes out while an intent is reconciling), else now (the dead
+          -- claim's POST went out before its lease ended)
+          coalesce(i.unknown_outcome_at, coalesce(%(now)s::timestamptz, now())) AS window_to;
 
 -- name: claim_unknown_intents
 -- While an account's submitting is paused for credits (402), its `unknown` intents still go

@@ -72,9 +72,10 @@ Behaviour and its basis
 - Faults (none by default), per create: `lose_reply` (created and billed, then the connection
   drops), `5xx_after` (created, then 500/502/503/504), `5xx_before` (nothing created), `hang`
   (created at once, answer held `hang_s`), `hang_then_create` (held `hang_s`, created only then,
-  even if the client has gone), `429` (nothing created). A 500 is a request error
-  `internal_error` [D ERR]; 502/503/504 come from the ingress as an nginx HTML page [A; it is
-  what fal_client's retry heuristic looks for, so the SDK re-sends them]. 429: `{"detail":
+  even if the client has gone), `429` (nothing created); the 5xx statuses are configurable.
+  A 500 is a request error `internal_error` [D ERR]; 502/503/504 come from the ingress as an
+  nginx HTML page [A; it is what fal_client's retry heuristic looks for, so the SDK re-sends
+  them]. 429: `{"detail":
   "Rate limit exceeded", "error_type": "rate_limited"}` + `X-Fal-Error-Type`, and `Retry-After`
   while `retry_after_s` is set [A: fal documents no create 429 body]. Status reads:
   `status_5xx`. History pages: `list_5xx`, `list_429`, `list_garbled` (200 with truncated
@@ -204,6 +205,10 @@ class FalFakeConfig:
     create_fault_rates: dict[str, float] = field(default_factory=dict)
     """Probability of each CREATE_FAULTS entry per create (after the script is used up)."""
     hang_s: float = 30.0
+    after_5xx_statuses: tuple[int, ...] = (500, 502, 503, 504)
+    """What a `5xx_after` answers (drawn, seeded); 500 is fal's JSON, the rest nginx pages."""
+    before_5xx_statuses: tuple[int, ...] = (500, 503)
+    """What a `5xx_before` answers (drawn, seeded)."""
     status_5xx: float = 0.0
     list_5xx: float = 0.0
     list_429: float = 0.0
@@ -740,7 +745,7 @@ class FakeFal:
         if fault is not None:
             self._stats[f"fault_{fault}"] += 1
         if fault == "5xx_before":
-            return server_error(self.rng.choice((500, 503)))
+            return server_error(self.rng.choice(self.config.before_5xx_statuses))
         if fault == "429":
             return self._throttled()
         if fault == "hang_then_create":
@@ -755,7 +760,7 @@ class FakeFal:
                 request.transport.close()
             return web.Response(status=200)  # written to a closed connection: never arrives
         if fault == "5xx_after":
-            return server_error(self.rng.choice((500, 502, 503, 504)))
+            return server_error(self.rng.choice(self.config.after_5xx_statuses))
         if fault == "hang":
             await asyncio.sleep(self.config.hang_s)
         return web.json_response(self._created_body(r))

@@ -23,7 +23,7 @@ from yarl import URL
 
 from vidpoll.media import redact_urls, shown_url
 from vidpoll.models import HttpAnswer
-from vidpoll.providers.base import CreateLookup, ProviderOptions
+from vidpoll.providers.base import Created, CreatedPage, ProviderOptions
 from vidpoll.providers.http import JsonApiClient, job_url, normal_base
 from vidpoll.providers.replicate.rules import RULES, model_problem, split_model
 
@@ -38,9 +38,6 @@ MODEL_PREDICTIONS_PATH = "/v1/models/{owner}/{name}/predictions"
 """Create on an official model (its current version)."""
 FILE_HOST = "replicate.delivery"
 """Where output files live (and its subdomains): they want the account's Authorization."""
-MAX_LIST_PAGES = 50
-"""A look-up reads at most this many pages (5,000 predictions) of one window; a busier window
-is not proven either way."""
 INVALID_MODEL = "Invalid model"
 """The title of the answer `create_video` gives, unsent, for a model Replicate cannot take."""
 COMPLETED_EVENT = "completed"
@@ -174,71 +171,82 @@ class ReplicateClient(JsonApiClient):
         return await self._call("POST", URL(url, encoded=True), data=json.dumps(body).encode(),
                                 headers={"Content-Type": "application/json"}, keep_links=True)
 
-    async def find_created(self, payload: dict[str, Any], model: str | None,
-                           since: datetime, until: datetime) -> CreateLookup:
-        """The account's predictions created between `since` and `until` whose model and
-        input are `payload`'s (`rules.match_created`), read page by page from
-        `GET /v1/predictions?created_after=…&created_before=…`.
+    def list_scope(self, model: str | None) -> str:
+        """One listing serves every model: Replicate's list holds all of the account's."""
+        return ""
+
+    async def list_created(self, model: str | None, since: datetime, until: datetime,
+                           cursor: str | None) -> CreatedPage:
+        """One page of the account's predictions created between `since` and `until`
+        (`GET /v1/predictions?created_after=…&created_before=…`, newest first; `cursor`: the
+        page's `next` URL), each with its id and creation time; `rules.match_created` compares
+        each with an intent.
 
         A `next` page is followed only on the API's own origin (scheme, host and port): the
-        token goes nowhere else; another origin, more than MAX_LIST_PAGES pages, a failed
-        call or an answer that is not `{"results": [...]}` leave the look-up incomplete.
-        Never raises for an HTTP failure."""
-        url = URL(self._base + PREDICTIONS_PATH, encoded=True).with_query(
+        token goes nowhere else; another origin or a page read already end the walk
+        (`final`). A failed call or an answer that is not `{"results": [...]}` is a failed
+        page (tried again by the core). Never raises for an HTTP failure."""
+        first = URL(self._base + PREDICTIONS_PATH, encoded=True).with_query(
             {"created_after": iso_utc(since), "created_before": iso_utc(until, round_up=True)})
-        origin = _origin(url)
-        matches: dict[str, None] = {}  # ordered sets: a page may repeat a prediction
-        unsure: dict[str, None] = {}
-        read: set[str] = set()
-        calls = 0
-
-        def incomplete(detail: str, failure: HttpAnswer | None = None) -> CreateLookup:
-            return CreateLookup(False, tuple(matches), tuple(unsure), calls, failure, detail)
-
-        while True:
-            if calls >= MAX_LIST_PAGES:
-                return incomplete(f"more than {MAX_LIST_PAGES} pages of predictions in the "
-                                  f"window; not all were read")
-            read.add(str(url))
-            answer = await self._call("GET", url, keep_links=True)  # `next` is a query
-            calls += self.key_problem is None  # (a key no header can carry is never sent)
-            if answer.transport_error is not None or answer.status is None:
-                return incomplete(f"listing predictions: "
-                                  f"{redact_urls(answer.detail) or 'no answer'}", answer)
-            if not 200 <= answer.status < 300:
-                return incomplete(f"listing predictions: HTTP {answer.status}", answer)
+        url = first
+        if cursor is not None:
             try:
-                page = json.loads(answer.body)
-            except (ValueError, RecursionError):
-                page = None
-            results = page.get("results") if isinstance(page, dict) else None
-            if not isinstance(page, dict) or not isinstance(results, list):
-                return incomplete("listing predictions: the answer is not "
-                                  "{\"results\": [...]}", answer)
-            for entry in results:
-                verdict = RULES.match_created(entry, payload, model)
-                if verdict == "other":
-                    continue
-                job_id = RULES.created_job_id(entry)
-                if job_id is None:
-                    return incomplete("listing predictions: a prediction of this input has no "
-                                      "usable id")
-                (matches if verdict == "same" else unsure).setdefault(job_id)
-            following = page.get("next")
-            if following is None:
-                return CreateLookup(True, tuple(matches), tuple(unsure), calls)
-            if not isinstance(following, str) or not following.strip():
-                return incomplete("listing predictions: its 'next' is not a URL")
-            try:
-                found = URL(following.strip(), encoded=True)
-                url = found if found.is_absolute() else url.join(found)
+                url = URL(cursor, encoded=True)
             except (ValueError, TypeError):
-                return incomplete("listing predictions: its 'next' is not a URL")
-            if _origin(url) != origin or url.user is not None or url.password is not None:
-                return incomplete(f"listing predictions: the next page is on another origin "
-                                  f"({shown_url(str(url))}); not followed with the token")
-            if str(url) in read:
-                return incomplete("listing predictions: the next page is one already read")
+                return CreatedPage(detail="listing predictions: its 'next' is not a URL",
+                                   final=True)
+        if self.key_problem is not None:
+            return CreatedPage(detail=f"listing predictions: not sent: {self.key_problem}",
+                               final=True, calls=0)
+        answer = await self._call("GET", url, keep_links=True)  # `next` is a query
+        if answer.transport_error is not None or answer.status is None:
+            shown = redact_urls(answer.detail) or "no answer"
+            return CreatedPage(failure=answer, detail=f"listing predictions: {shown}")
+        if not 200 <= answer.status < 300:
+            return CreatedPage(failure=answer,
+                               detail=f"listing predictions: HTTP {answer.status}")
+        try:
+            page = json.loads(answer.body)
+        except (ValueError, RecursionError):
+            page = None
+        results = page.get("results") if isinstance(page, dict) else None
+        if not isinstance(page, dict) or not isinstance(results, list):
+            return CreatedPage(failure=answer, detail="listing predictions: the answer is not "
+                                                      "{\"results\": [...]}")
+        entries = tuple(Created(RULES.created_job_id(entry), entry, _created_at(entry))
+                        for entry in results)
+        following = page.get("next")
+        if following is None:
+            return CreatedPage(entries)
+        if not isinstance(following, str) or not following.strip():
+            return CreatedPage(entries, detail="listing predictions: its 'next' is not a URL",
+                               final=True)
+        try:
+            found = URL(following.strip(), encoded=True)
+            nxt = found if found.is_absolute() else url.join(found)
+        except (ValueError, TypeError):
+            return CreatedPage(entries, detail="listing predictions: its 'next' is not a URL",
+                               final=True)
+        if _origin(nxt) != _origin(first) or nxt.user is not None or nxt.password is not None:
+            return CreatedPage(entries, detail=f"listing predictions: the next page is on "
+                                               f"another origin ({shown_url(str(nxt))}); not "
+                                               f"followed with the token", final=True)
+        if str(nxt) == str(url):
+            return CreatedPage(entries, detail="listing predictions: the next page is one "
+                                               "already read", final=True)
+        return CreatedPage(entries, next_cursor=str(nxt))
+
+
+def _created_at(entry: Any) -> datetime | None:
+    """A prediction's `created_at` (ISO 8601), or None when it has none that parses."""
+    value = entry.get("created_at") if isinstance(entry, dict) else None
+    if not isinstance(value, str):
+        return None
+    try:
+        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 if TYPE_CHECKING:

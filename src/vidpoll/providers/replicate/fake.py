@@ -79,7 +79,8 @@ Behaviour and its basis
   drops), `5xx_after` (created, then 500/502/503/504), `5xx_before` (500/503, nothing
   created), `hang` (created at once, answer held `hang_s`), `hang_then_create` (held `hang_s`,
   created only then, even if the client has gone: `hang_s` bounds the server-side work), `429`
-  (nothing created). Lists: `5xx`, `429`; status reads: 5xx. Gateway 502/503/504 answers are
+  (nothing created). Lists: `5xx`, `429`, `garbled` (a 200 cut off mid-body), by script or
+  by rate (`list_5xx`, `list_429`, `list_garbled`); status reads: 5xx. Gateway 502/503/504 answers are
   HTML, as a load balancer's would be [A]. A create is recorded before any await that a client
   disconnect could cancel, or in a shielded task, so a dropped request bills what its fault says.
 """
@@ -113,7 +114,7 @@ log = logging.getLogger(__name__)
 TERMINAL = frozenset({"succeeded", "failed", "canceled", "aborted"})
 OUTCOMES = ("succeeded", "failed", "canceled", "aborted")
 CREATE_FAULTS = ("lose_reply", "5xx_after", "5xx_before", "hang", "hang_then_create", "429")
-LIST_FAULTS = ("5xx", "429")
+LIST_FAULTS = ("5xx", "429", "garbled")
 WEBHOOK_EVENTS = ("start", "output", "logs", "completed")
 OUTPUT_FILES: dict[str, tuple[str, ...]] = {
     "url": ("output.mp4",),
@@ -171,6 +172,10 @@ class ReplicateFakeConfig:
     """How long `hang` holds its answer and `hang_then_create` works before it creates: the
     fake's bound on server-side processing (a shutdown before then drops that create)."""
     list_5xx: float = 0.0
+    list_429: float = 0.0
+    """Probability a list read answers 429 (Retry-After 1), as a busy account's does."""
+    list_garbled: float = 0.0
+    """Probability a list read answers 200 with a body cut off mid-JSON [A]."""
     status_5xx: float = 0.0
     webhook_secret: str = DEFAULT_WEBHOOK_SECRET
     webhook_old_secret: str | None = None
@@ -703,13 +708,18 @@ class FakeReplicate:
         early = await self._enter(request, "other")
         if early is not None:
             return early
-        fault = self._list_script.popleft() if self._list_script else (
-            "5xx" if self._chance(self.config.list_5xx) else "ok")
+        fault = self._list_script.popleft() if self._list_script else self._list_fault()
         if fault == "5xx":
             self._stats["fault_list_5xx"] += 1
             return server_error(self.rng.choice((500, 502, 503, 504)))
         if fault == "429":
+            self._stats["fault_list_429"] += 1
             return self._throttled(1.0)
+        if fault == "garbled":
+            # a reply cut off mid-body by a proxy or a dropped connection: 200, not JSON
+            self._stats["fault_list_garbled"] += 1
+            return web.Response(body=b'{"previous": null, "next": "ht', status=200,
+                                content_type="application/json")
         try:
             after = parse_iso_us(query["created_after"]) if "created_after" in query else None
             before = (parse_iso_us(query["created_before"]) if "created_before" in query
@@ -757,6 +767,19 @@ class FakeReplicate:
             "next": link(page[-1], False) if page and has_next else None,
             "results": [self._body(p, now) for p in page],
         })
+
+    def _list_fault(self) -> str:
+        """A list read's fault, drawn from the configured rates (seeded)."""
+        cfg = self.config
+        if not (cfg.list_5xx or cfg.list_429 or cfg.list_garbled):
+            return "ok"  # no draw: the seeded sequence of a fault-free fake stays as it was
+        draw = self.rng.random()
+        for fault, rate in (("5xx", cfg.list_5xx), ("429", cfg.list_429),
+                            ("garbled", cfg.list_garbled)):
+            if draw < rate:
+                return fault
+            draw -= rate
+        return "ok"
 
     async def get_webhook_secret(self, request: web.Request) -> web.StreamResponse:
         """GET /v1/webhooks/default/secret."""
