@@ -636,6 +636,7 @@ def _file_account(path: Path, name: str, table: Any, env: Mapping[str, str],
     options = {field_name: _file_option(at, field_name, spec, table.get(field_name),
                                         allow_insecure_http)
                for field_name, spec in own.items()}
+    options = {k: v for k, v in options.items() if v != ""}  # optional fields left unset
     if key_setting != "api_key_env":
         if key_setting not in table:
             raise ConfigError(f"{at} {key_setting}: missing; a {provider.title} account names "
@@ -711,6 +712,13 @@ def _file_option(at: str, field_name: str, spec: AccountOption, value: Any,
             raise ConfigError(f"{at} {field_name}: missing; a {at.rsplit('.', 1)[-1][:-1]} "
                               f"account of this provider needs it{example}")
         return spec.default
+    if spec.kind == "seconds":
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value) or not 1 <= value <= 86400):
+            raise ConfigError(f"{at} {field_name}: must be a number of seconds from 1 to "
+                              f"86400, without quotes (like {field_name} = "
+                              f"{spec.example or 600})")
+        return f"{float(value):g}"
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{at} {field_name}: must be a non-empty string{example}")
     value = value.strip()

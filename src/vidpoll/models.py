@@ -42,7 +42,7 @@ answers with a job or an operator settles it (`intents resolve`)."""
 
 RECONCILING = "reconciling"
 """An intent of a provider without an idempotency key whose create's outcome is unknown: not sent
-again, but looked up in the provider's own records (`Reconciler.find_created`) until it is
+again, but looked up in the provider's own records (`Reconciler.list_created`) until it is
 adopted (`submitted`), proven absent (`queued`, sent again) or parked (`unknown`)."""
 
 INTENT_STATES = (QUEUED, RECONCILING, UNKNOWN, SUBMITTED, REJECTED)

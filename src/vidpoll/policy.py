@@ -379,8 +379,10 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
     state = GAVE_UP if _age_s(job, now) >= policy.max_age_s else PENDING
     return Outcome(job.job_id, job.claim_token, state,
                    next_poll_delay(view.hint, policy), read_ok=True,
-                   http_status=status, provider_status=view.word, body=body,
-                   request_id=request_id, account=job.account,
+                   http_status=status,
+                   provider_status=(f"{view.word} ({view.detail[:60]})"
+                                    if view.detail and view.word else view.word),
+                   body=body, request_id=request_id, account=job.account,
                    outcome=GAVE_UP if state == GAVE_UP else None,
                    unknown_word=not view.known)
 

@@ -552,8 +552,12 @@ class Submitter(Runner):
                                  error="waiting for the provider's records to settle")
         self.stats.lookups += 1
         skew = timedelta(seconds=policy.reconcile_skew_s)
+        # a server may make the create after its client gave up (up to the settle time, as
+        # `until` allows): records that list only started creates (fal) prove it absent only
+        # once they are complete past that, not past the attempt's end
+        recorded_by = sent_by + timedelta(seconds=policy.reconcile_settle_s)
         wanted = Wanted(key, intent.payload, intent.model, window_from - skew,
-                        sent_by + timedelta(seconds=policy.reconcile_settle_s) + skew, sent_by)
+                        recorded_by + skew, recorded_by)
         lookup = await self.lookups.find(intent.account, creator, creator.rules,  # type: ignore[arg-type]
                                          wanted, deadline)
         if not lookup.complete:

@@ -800,7 +800,7 @@ class Worker(Runner):
                                 request_id=decision.request_id))
         elif not decision.is_final:
             self.stats.not_ready += 1
-            word = decision.provider_status
+            word = (decision.provider_status or "").split(" (", 1)[0]
             if word and decision.unknown_word and word not in self._seen_words:
                 self._seen_words.add(word)
                 log.warning("The provider sent an unknown non-terminal status %r; polling on",

@@ -110,8 +110,16 @@ def test_demo_runs_to_completion(new_user_env):
     assert "renders billed: 12 for 12 intents (keys billed twice: 0)" in summary
     # Replicate, without an idempotency key: every input billed once, every file on disk
     assert re.search(r"Replicate: \d+ creates, 12 predictions billed, 0 inputs billed twice; "
-                     r"unknown creates adopted from its list \d+, proven absent and sent "
-                     r"again \d+, parked 0", summary), summary
+                     r"\d+ list pages read", summary), summary
+    # fal and Veo: each input billed once; Veo's one lost reply parked (nothing to look it
+    # up in), the others' unknown creates adopted or proven absent, none parked
+    assert re.search(r"unknown creates without an idempotency key: adopted from the "
+                     r"provider's records \d+, proven absent and sent again \d+, parked for an "
+                     r"operator 1\b", summary), summary
+    assert re.search(r"fal: \d+ creates, 8 requests billed, 0 inputs billed twice; .* no key "
+                     r"sent there", summary), summary
+    assert re.search(r"Veo: \d+ creates, 6 operations billed, 0 bodies billed twice; .*parked "
+                     r"for an operator \(a lost reply, no list to look in\): 1 ", summary), summary
     # every completed job's video is on disk and whole (the demo exits non-zero otherwise)
     assert re.search(r"\d+ videos downloaded to .*demo-videos, each checked against the "
                      r"fake's sha256 \(links refreshed after expiring: 3\)", summary), summary

@@ -20,9 +20,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from vidpoll import reconcile
 from vidpoll.models import ErrorClass, HttpAnswer
 from vidpoll.policy import PollPolicy
-from vidpoll import reconcile
 from vidpoll.providers.base import Created, CreatedPage
 from vidpoll.providers.sume.rules import SumeRules
 from vidpoll.store import PgStore

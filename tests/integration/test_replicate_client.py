@@ -19,8 +19,8 @@ from vidpoll.models import ErrorClass, HttpAnswer
 from vidpoll.providers import registry
 from vidpoll.providers.base import CreateLookup, ProviderOptions
 from vidpoll.providers.replicate.client import ReplicateClient
-from vidpoll.reconcile import Lookups, Wanted
 from vidpoll.providers.replicate.rules import RULES
+from vidpoll.reconcile import Lookups, Wanted
 
 from ..conftest import free_port
 

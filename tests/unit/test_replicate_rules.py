@@ -65,7 +65,7 @@ def test_the_fixed_rules() -> None:
     assert RULES.result_source is ResultSource.INLINE
     assert RULES.idempotency_header is None
     assert RULES.takes_model is True
-    assert RULES.min_poll_s == 1.0
+    assert RULES.min_poll_s == 0.0  # no floor of its own: VIDPOLL_MIN_POLL_S applies
     assert RULES.rate_limit_headers == ("", "")
     assert RULES.result_not_ready(HttpAnswer(404, b""), "detail") is False
 

@@ -36,6 +36,13 @@ create holds beyond the job id that later reads must use, e.g. fal's status and 
 stored with the job (`video_jobs.handle`) and passed to `Client.read_status` /
 `read_result` as `handle`); `Webhooks.secret_problem(secret) -> str | None` (why a configured
 webhook secret cannot be the provider's: `serve` refuses to start, never showing it);
+`Webhooks.account_secret(webhook_secret, options) -> str` (what `serve` verifies an account's
+deliveries with in place of its webhook secret: fal's JWKS URL, from the account's `jwks_url`);
+`Webhooks.refresh_keys(secret, *, refused=False) -> bool` (async, for deliveries checked with
+public keys fetched over HTTP, fal's JWKS at the URL `secret`: the route awaits it before
+`verify`, and again with `refused=True` after a `signature` refusal, verifying once more when
+it answers True; the provider fetches at most once a minute per URL whatever arrives, and a
+failed fetch keeps the old keys);
 `Provider.account_options` (a mapping of field name -> `AccountOption`: the provider's own
 fields in an `[accounts.NAME]` table, handed to `client()` in `ProviderOptions.extra`;
 `default_base_url` may name them, `https://{location}-aiplatform.googleapis.com`);
@@ -80,6 +87,9 @@ class Pending:
     known: bool = True
     """False for a word the provider is not known to send while a job runs (the worker logs
     each such word once, and keeps polling)."""
+    detail: str | None = None
+    """What the provider says of the wait beyond its word (fal's queue position: `position
+    3`), shown beside the word as the row's `provider_status` (`in_queue (position 3)`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,11 +314,13 @@ class AccountOption:
     """A field an account of one provider may set in the accounts file besides the common
     ones (`platform_url` for fal, `project` for Vertex AI): checked when the file is read."""
 
-    kind: Literal["url", "text", "path"]
+    kind: Literal["url", "text", "path", "seconds"]
     """`url`: checked as a base URL is (https, or http to loopback); `text`: a short
-    printable word (no `/`, no spaces); `path`: a file that must exist and be readable."""
+    printable word (no `/`, no spaces); `path`: a file that must exist and be readable;
+    `seconds`: a number from 1 to 86400, kept as its text (`"600"`)."""
     default: str | None = None
-    """None: required (an account without it is refused, naming the field)."""
+    """None: required (an account without it is refused, naming the field); "": optional,
+    absent unless set."""
     example: str = ""
 
 

@@ -63,14 +63,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from vidpoll.errors import InvalidJobId
 from vidpoll.policy import validate_job_id
 from vidpoll.providers.base import WebhookHint
+from vidpoll.providers.fal import DEFAULT_JWKS_URL as DEFAULT_JWKS_URL
 from vidpoll.webhook import WebhookRejected
 
 log = logging.getLogger(__name__)
-
-DEFAULT_JWKS_URL = "https://rest.fal.ai/.well-known/jwks.json"
-"""Where fal publishes its webhook keys: the host fal's current docs and the verifiers that
-cite them use (older pages and code name `https://rest.alpha.fal.ai/.well-known/jwks.json`;
-an account's `jwks_url` option may name another)."""
 
 REQUEST_ID_HEADER = "X-Fal-Webhook-Request-Id"
 USER_ID_HEADER = "X-Fal-Webhook-User-Id"

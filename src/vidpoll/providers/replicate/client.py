@@ -6,9 +6,10 @@ every failure an answer, never raised).
 Creates go to `POST /v1/predictions` (`--model owner/name:VERSION`) or
 `POST /v1/models/{owner}/{name}/predictions` (`--model owner/name`, an official model), with
 the input as `submit` gave it; Replicate has no idempotency key, so an unanswered create is
-looked up in the account's own list (`find_created`), never sent again blindly. A prediction's
-status answer holds its output (inline results); its files are on `replicate.delivery`, which
-wants the token ("You'll need to pass the Authorization header to request them").
+looked up in the account's own list (`list_created`: pages the core walks), never sent again
+blindly. A prediction's status answer holds its output (inline results); its files are on
+`replicate.delivery`, which wants the token ("You'll need to pass the Authorization header to
+request them").
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def _origin(url: URL) -> tuple[str, str, int | None]:
 
 class ReplicateClient(JsonApiClient):
     """One account's client for Replicate's predictions (`vidpoll.providers.base.Client`,
-    and a `Reconciler`: `find_created`)."""
+    and a `Reconciler`: `list_scope`, `list_created`)."""
 
     rules = RULES
 

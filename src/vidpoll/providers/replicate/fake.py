@@ -80,9 +80,10 @@ Behaviour and its basis
   created), `hang` (created at once, answer held `hang_s`), `hang_then_create` (held `hang_s`,
   created only then, even if the client has gone: `hang_s` bounds the server-side work), `429`
   (nothing created). Lists: `5xx`, `429`, `garbled` (a 200 cut off mid-body), by script or
-  by rate (`list_5xx`, `list_429`, `list_garbled`); status reads: 5xx. Gateway 502/503/504 answers are
-  HTML, as a load balancer's would be [A]. A create is recorded before any await that a client
-  disconnect could cancel, or in a shielded task, so a dropped request bills what its fault says.
+  by rate (`list_5xx`, `list_429`, `list_garbled`); status reads: 5xx. Gateway 502/503/504
+  answers are HTML, as a load balancer's would be [A]. A create is recorded before any await
+  that a client disconnect could cancel, or in a shielded task, so a dropped request bills what
+  its fault says.
 """
 
 from __future__ import annotations

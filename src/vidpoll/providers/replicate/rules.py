@@ -195,10 +195,11 @@ class ReplicateRules:
     """A succeeded prediction's status answer holds its `output`: no result call."""
     idempotency_header = None
     """Replicate documents none: an unanswered create is looked up in its list
-    (`ReplicateClient.find_created`), never sent again blindly."""
+    (`ReplicateClient.list_created`), never sent again blindly."""
     takes_model = True
     """`submit --model owner/name` (an official model) or `owner/name:VERSION`."""
-    min_poll_s = 1.0
+    min_poll_s = 0.0
+    """Replicate documents no floor: the worker's own (VIDPOLL_MIN_POLL_S) applies."""
     rate_limit_headers = ("", "")
     """Replicate documents no rate-limit headers (its rate-limits page gives a 429 and a
     `detail` that says when the limit resets, which the client reads as the Retry-After)."""

@@ -121,7 +121,8 @@ class SumeRules:
     idempotency_header = "Idempotency-Key"
     takes_model = False
     """The request body (`submit --json`) says everything, a model included."""
-    min_poll_s = 1.0
+    min_poll_s = 0.0
+    """Sume's hint says when to read next; the worker's own floor (VIDPOLL_MIN_POLL_S) applies."""
     rate_limit_headers = ("RateLimit-Remaining", "RateLimit-Reset")
     words = WORDS
 
