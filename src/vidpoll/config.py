@@ -439,7 +439,11 @@ class Settings:
     def secrets(self) -> list[str]:
         """Every account's key and webhook secret that is set (for redacting logs: the file
         may name variables `logs.secrets_from_env` does not know)."""
-        found = {s for a in self.accounts.values() for s in (a.api_key, a.webhook_secret)}
+        # a key read from a variable; not a key file's path (Vertex AI: `credentials_file`,
+        # no secret, and what an operator needs to see in an error)
+        found = {s for a in self.accounts.values()
+                 for s in ((a.api_key if a.api_key_env or a.source != "file" else ""),
+                           a.webhook_secret)}
         return sorted((s for s in found if s), key=len, reverse=True)
 
     def budget(self, kind: str, account: str) -> Budget | None:

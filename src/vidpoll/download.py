@@ -25,7 +25,7 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -37,7 +37,7 @@ from vidpoll.config import Settings
 from vidpoll.errors import DiskError, DownloadError, DownloadRefused, UrlExpired
 from vidpoll.fetch_guard import FetchGuard, FetchPolicy
 from vidpoll.media import file_names, job_dir_name, shown_url
-from vidpoll.models import DEFAULT_ACCOUNT, MediaFile
+from vidpoll.models import DEFAULT_ACCOUNT, HttpAnswer, MediaFile
 
 CHUNK_BYTES = 1 << 16
 WRITE_BATCH_BYTES = 1 << 20
@@ -46,6 +46,46 @@ EXPIRED_STATUSES = frozenset({401, 403, 404, 410})
 """A media host's answers to a signed link that expired (or was never valid)."""
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+INLINE_PREFIX = "inline:"
+"""A media "URL" `inline:{n}`: video n came back as bytes in the provider's own answer (which
+are never stored); the account's client reads them again (`inline_media`) when it is
+downloaded. A provider's `Rules.media_urls` names such a video so."""
+_INLINE = re.compile(r"inline:(\d{1,4})")
+
+InlineFetch = Callable[[str, str, int], Awaitable[bytes]]
+"""(account, job id, n) -> the bytes of the job's inline video n; raises a DownloadError
+(DownloadRefused when they are gone for good)."""
+
+
+def inline_fetcher(clients: Mapping[str, object]) -> InlineFetch:
+    """An `InlineFetch` over the (entered) clients of the accounts served: each account's
+    client's `inline_media`, an answer that is not the bytes turned into a DownloadError (for
+    good, DownloadRefused, when the provider answered without them or no longer knows the
+    job)."""
+    # optional on a client: `async def inline_media(job_id, handle, index) -> bytes |
+    # HttpAnswer` (the bytes of its inline video `index`, or the answer that did not hold them)
+    readers: dict[str, Callable[..., Awaitable[bytes | HttpAnswer]]] = {}
+    for account, client in clients.items():
+        method = getattr(client, "inline_media", None)
+        if callable(method):
+            readers[account] = method
+
+    async def fetch(account: str, job_id: str, index: int) -> bytes:
+        what = f"{INLINE_PREFIX}{index} of job {job_id[:120]}"
+        reader = readers.get(account)
+        if reader is None:
+            raise DownloadRefused(f"{what}: the provider of account {account!r} serves no "
+                                  "inline media")
+        got = await reader(job_id, None, index)
+        if isinstance(got, bytes):
+            return got
+        said = got.detail or (f"HTTP {got.status}" if got.status is not None
+                              else "no answer")
+        if got.status is not None and (200 <= got.status < 300 or got.status in (404, 410)):
+            raise DownloadRefused(f"{what}: the bytes are gone: {said}"[:500])
+        raise DownloadError(f"{what}: could not be read again: {said}"[:500])
+
+    return fetch
 
 
 def _disk_error(exc: OSError, path: Path) -> DiskError:
@@ -77,11 +117,14 @@ class Downloader:
     def __init__(self, directory: str | os.PathLike[str], *, policy: FetchPolicy | None = None,
                  connect_timeout_s: float = 15.0, read_timeout_s: float = 60.0,
                  max_connections: int = 8,
-                 resolver: AbstractResolver | None = None) -> None:
+                 resolver: AbstractResolver | None = None,
+                 inline_fetch: InlineFetch | None = None) -> None:
         """`policy`: which URLs of which account may be fetched, and the limits (none given:
         https:// to public addresses only, default limits); `resolver`: an aiohttp resolver
-        to resolve names with (its answers are still checked)."""
+        to resolve names with (its answers are still checked); `inline_fetch`: what reads an
+        `inline:{n}` video's bytes (`inline_fetcher`; None: such a video is refused)."""
         self.directory = Path(directory).absolute()
+        self._inline_fetch = inline_fetch
         # the bytes as stored: a transparently decompressed body would never match its
         # Content-Length, a Range offset counts stored bytes, and so does the size limit
         self._guard = FetchGuard(policy, connect_timeout_s=connect_timeout_s,
@@ -136,27 +179,57 @@ class Downloader:
             dirs = await asyncio.to_thread(_open_dirs, self.directory, name)
         except OSError as exc:
             raise _disk_error(exc, folder) from exc
+        # an inline video is named as a file URL without a plain name is: `<n>-video.mp4`
+        named = ["inline:video.mp4" if url.startswith(INLINE_PREFIX) else url for url in urls]
         try:
-            return [await self._one(account, url, dirs, folder, file_name)
-                    for url, file_name in zip(urls, file_names(urls), strict=True)]
+            return [await self._one(account, job_id, url, dirs, folder, file_name)
+                    for url, file_name in zip(urls, file_names(named), strict=True)]
         except (DownloadRefused, UrlExpired):
             await asyncio.to_thread(_remove_if_empty, dirs.base, name)
             raise
         finally:
             dirs.close()
 
-    async def _one(self, account: str, url: str, dirs: _Dirs, folder: Path, name: str
-                   ) -> MediaFile:
+    async def _one(self, account: str, job_id: str, url: str, dirs: _Dirs, folder: Path,
+                   name: str) -> MediaFile:
         part = folder / f".{name}.part"
         try:
             if await asyncio.to_thread(_plain_file, dirs.job, name):
                 # complete and renamed before a crash kept it from being recorded
                 size, digest = await asyncio.to_thread(_hash_file, dirs.job, name)
+            elif url.startswith(INLINE_PREFIX):
+                size, digest = await self._inline(account, job_id, url, dirs, part, name)
             else:
                 size, digest = await self._fetch(account, url, dirs, part, name)
         except OSError as exc:
             raise _disk_error(exc, part) from exc
         return MediaFile(str(folder / name), size, digest, shown_url(url))
+
+    async def _inline(self, account: str, job_id: str, url: str, dirs: _Dirs, part: Path,
+                      name: str) -> tuple[int, str]:
+        """Write an inline video's bytes (`inline_fetch`) as a fetched file is written: into
+        `part` under its lock, fsync, rename to `name`; (size, sha256)."""
+        found = _INLINE.fullmatch(url)
+        if found is None:
+            raise DownloadRefused(f"{url[:40]!r} is not an inline video's name (inline:N)")
+        if self._inline_fetch is None:
+            raise DownloadRefused(f"{url}: this downloader reads no inline media (no client "
+                                  "of the account was given to it)")
+        out = await asyncio.to_thread(_open_locked, dirs.job, part)
+        try:
+            data = await self._inline_fetch(account, job_id, int(found.group(1)))
+            limit = self.policy.limits.max_bytes
+            if len(data) > limit:
+                raise DownloadRefused(f"{url}: {len(data)} bytes, larger than the download "
+                                      f"limit ({limit} bytes, VIDPOLL_DOWNLOAD_MAX_BYTES)")
+            digest = await asyncio.to_thread(_write_whole, out, data)
+            await asyncio.to_thread(_sync_and_publish, out, dirs, part.name, name)
+            return len(data), digest
+        except DownloadRefused:
+            await asyncio.to_thread(_discard, out, dirs.job, part.name)
+            raise
+        finally:
+            out.close()  # also releases the lock
 
     async def _fetch(self, account: str, url: str, dirs: _Dirs, part: Path, name: str
                      ) -> tuple[int, str]:
@@ -315,7 +388,17 @@ def _hash_into(out: BinaryIO, hasher: hashlib._Hash, length: int) -> None:
         out.truncate()
 
 
-def _write(out: BinaryIO, hasher: hashlib._Hash, data: bytes) -> None:
+def _write_whole(out: BinaryIO, data: bytes) -> str:
+    """`out` made to hold exactly `data` (whatever it held before); its sha256."""
+    _restart(out)
+    hasher = hashlib.sha256()
+    view = memoryview(data)
+    for start in range(0, len(data), WRITE_BATCH_BYTES):
+        _write(out, hasher, view[start:start + WRITE_BATCH_BYTES])
+    return hasher.hexdigest()
+
+
+def _write(out: BinaryIO, hasher: hashlib._Hash, data: bytes | memoryview) -> None:
     out.write(data)
     hasher.update(data)
 

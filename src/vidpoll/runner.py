@@ -275,8 +275,9 @@ class Runner:
         detail = (pause.detail if pause.detail.startswith(f"HTTP {pause.http_status}")
                   else f"HTTP {pause.http_status}: {pause.detail}")
         log.error("The provider rejected the API key of account %r (%s); its %s paused for %.0fs, "
-                  "nothing touched. Check %s.", account, detail, doing, delay,
-                  key_variable(account))
+                  "nothing touched. Check its key (%s, or the variable its api_key_env names, "
+                  "or its credentials_file, in the accounts file).", account, detail, doing,
+                  delay, key_variable(account))
         return True
 
     def _key_accepted(self, account: str, doing: str) -> None:

@@ -590,5 +590,8 @@ async def test_a_key_no_header_can_carry_is_never_sent(fal: Served) -> None:
         page = await client.list_created(ENDPOINT, now - timedelta(minutes=1), now, None)
         answer = await client.create_video(PAYLOAD, "k", ENDPOINT)
     assert page.final and page.calls == 0 and "not sent" in page.detail
-    assert answer.status is None and answer.transport_error is ErrorClass.CONNECTION
+    # a 401 in fal's shape: the account pauses and the intent stays queued (a transport error
+    # would be an unknown create, looked up for nothing: nothing was sent)
+    assert answer.status == 401 and b"not sent: the API key" in answer.body
+    assert b"bad\nkey" not in answer.body and b"bad" not in answer.body
     assert fal.seen == []

@@ -19,7 +19,7 @@ import functools
 import html.entities
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -114,10 +114,17 @@ class JsonApiClient:
         return headers.get("Retry-After")
 
     async def _call(self, method: str, url: URL, *, keep_links: bool = False,
+                    max_body: int = MAX_BODY_BYTES,
+                    prepare: Callable[[bytes, int], bytes] | None = None,
                     **kwargs: Any) -> HttpAnswer:
         """Send one request; every failure comes back as an HttpAnswer, never raised. The
         body comes back scrubbed of the key, and of every link's query string unless
-        `keep_links` and the answer is a 2xx (see `scrub_body`)."""
+        `keep_links` and the answer is a 2xx (see `scrub_body`).
+
+        `max_body`: the longest body read (longer: an error); above MAX_BODY_BYTES only with
+        `prepare(body, status)`, which makes of it the body to scrub and return (a provider
+        whose answer carries large inline data drops it there), at most MAX_BODY_BYTES, run
+        in a thread for a long body."""
         assert self._session is not None, f"use `async with {type(self).__name__}(...)`"
         if self.key_problem is not None:
             return HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
@@ -131,13 +138,14 @@ class JsonApiClient:
                 # read(n) answers what has arrived, up to n: read until the end or the cap
                 # (one read gave a long body cut at its first chunk)
                 got = bytearray()
-                while len(got) <= MAX_BODY_BYTES and (
-                        chunk := await resp.content.read(MAX_BODY_BYTES + 1 - len(got))):
+                while len(got) <= max_body and (
+                        chunk := await resp.content.read(max_body + 1 - len(got))):
                     got += chunk
                 body = bytes(got)
-                if len(body) > MAX_BODY_BYTES:
+                del got
+                if len(body) > max_body:
                     return HttpAnswer(resp.status, b"", transport_error=ErrorClass.MALFORMED,
-                                      detail=f"body larger than {MAX_BODY_BYTES} bytes")
+                                      detail=f"body larger than {max_body} bytes")
                 status, headers = resp.status, resp.headers
         except TimeoutError:
             return HttpAnswer(None, transport_error=ErrorClass.TIMEOUT,
@@ -155,11 +163,14 @@ class JsonApiClient:
             return HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
                               detail=f"not sent: a request header could not be written "
                                      f"({type(exc).__name__}); check the API key's setting")
-        scrub = functools.partial(scrub_body, body, self._key_bytes, status,
-                                  keep_links=keep_links)
+        scrub = functools.partial(_prepared_scrub, body, self._key_bytes, status,
+                                  keep_links=keep_links, prepare=prepare)
         # a long body off the loop: linear, still up to ~0.1 s for 1 MiB of adversarial
         # text, while the loop serves every other job (in a thread the loop waits ~1/8 of it)
         shown = scrub() if len(body) <= SCRUB_INLINE_BYTES else await asyncio.to_thread(scrub)
+        if shown is None:
+            return HttpAnswer(status, b"", transport_error=ErrorClass.MALFORMED,
+                              detail=f"body larger than {MAX_BODY_BYTES} bytes")
         return HttpAnswer(
             status, shown,
             retry_after=self._retry_after(status, headers, shown),
@@ -168,6 +179,15 @@ class JsonApiClient:
                                  or headers.get("X-RateLimit-Remaining")),
             ratelimit_reset=(headers.get("RateLimit-Reset")
                              or headers.get("X-RateLimit-Reset")))
+
+
+def _prepared_scrub(body: bytes, api_key: bytes, status: int, *, keep_links: bool,
+                    prepare: Callable[[bytes, int], bytes] | None) -> bytes | None:
+    """`scrub_body` of what `prepare` makes of `body`; None when that is still too long."""
+    shaped = body if prepare is None else prepare(body, status)
+    if len(shaped) > MAX_BODY_BYTES:
+        return None
+    return scrub_body(shaped, api_key, status, keep_links=keep_links)
 
 
 def scrub_body(body: bytes, api_key: bytes, status: int, *, keep_links: bool = False) -> bytes:

@@ -201,7 +201,13 @@ class FalClient(JsonApiClient):
 
         A model fal cannot take (none, or not an endpoint id) is not sent: the answer is a 422
         in fal's own shape, `{"detail": "not sent: ...", "error_type": "invalid_model"}`,
-        which the core reads as a final refusal (`rejected`)."""
+        which the core reads as a final refusal (`rejected`). A key no header can carry is
+        not sent either: a 401 in fal's shape, so the account pauses as for a refused key and
+        the intent stays queued (a transport error would be an unknown create)."""
+        if self.key_problem is not None:
+            return HttpAnswer(401, json.dumps({
+                "detail": f"not sent: the API key cannot go into an HTTP header: "
+                          f"{self.key_problem}"}).encode(), detail="not sent: unusable key")
         problem = ("no --model (a fal create names its endpoint id, like "
                    "fal-ai/kling-video/v2/master/text-to-video)"
                    if model is None else model_problem(model))

@@ -149,7 +149,15 @@ class ReplicateClient(JsonApiClient):
 
         A model Replicate cannot take (none, or not `owner/name[:VERSION]`) is not sent: the
         answer is a 422 in Replicate's own problem shape, `{"title": "Invalid model",
-        "detail": "not sent: ..."}`, which the core reads as a final refusal (`rejected`)."""
+        "detail": "not sent: ..."}`, which the core reads as a final refusal (`rejected`). A
+        token no header can carry is not sent either: a 401 in Replicate's shape, so the
+        account pauses as for a refused token and the intent stays queued (a transport error
+        would be an unknown create, looked up for nothing)."""
+        if self.key_problem is not None:
+            return HttpAnswer(401, json.dumps({
+                "title": "Unauthenticated", "status": 401,
+                "detail": f"not sent: the API token cannot go into an HTTP header: "
+                          f"{self.key_problem}"}).encode(), detail="not sent: unusable token")
         problem = ("no --model (a Replicate create names owner/name or owner/name:VERSION)"
                    if model is None else model_problem(model))
         parts = split_model(model) if model is not None and problem is None else None

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from yarl import URL
 
-from vidpoll.media import shown_url
+from vidpoll.media import job_path_segment, shown_url
 from vidpoll.models import HttpAnswer
 from vidpoll.providers.base import ProviderOptions
 from vidpoll.providers.http import JsonApiClient
-from vidpoll.providers.veo.rules import RULES, VeoRules
+from vidpoll.providers.veo.rules import RULES, VeoRules, operation_path
 
 if TYPE_CHECKING:
     from vidpoll.providers.base import Client
@@ -34,9 +34,8 @@ DEFAULT_API_VERSION = "v1beta"
 default; 3.x sends `generate_videos` only to Vertex AI)."""
 KEY_HEADER = "x-goog-api-key"
 MAX_RETRY_BODY = 64 << 10
+MAX_REFUSAL_TEXT = 400
 _NO_OPTIONS = ProviderOptions()
-_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,255}")
-"""One segment of an operation's name (`models`, `veo-x`, `operations`, its id)."""
 _DELAY = re.compile(r"^\s*(\d{1,6}(?:\.\d{1,9})?)s\s*$")
 
 
@@ -59,13 +58,19 @@ def retry_delay(body: bytes) -> str | None:
     return None
 
 
-def operation_path(name: str) -> str | None:
-    """An operation's `name` as a path under the API version, each segment checked (letters,
-    digits, `.`, `_`, `~`, `-`; never `.` or `..`); None when it is not one."""
-    parts = name.split("/")
-    if len(parts) < 2 or not all(_SEGMENT.fullmatch(p) for p in parts):
-        return None
-    return "/".join(parts)
+def refused_unsent(why: str) -> HttpAnswer:
+    """A call not sent because the account's credential cannot be used: a 401 in Google's
+    envelope, so the core pauses the account as for a refused key (reads stay due, a create
+    stays queued: never an unknown outcome, which a transport error would be). `why` is its
+    `code` (and no `status`), which is what the core's log line of a refused key shows
+    (`google_error` takes a text code as the word); it never holds a secret."""
+    text = f"not sent: {why}"[:MAX_REFUSAL_TEXT]
+    return HttpAnswer(401, json.dumps({"error": {"code": text, "message": text}}).encode(),
+                      detail=text)
+
+
+NO_SUCH_MODEL = "vidpoll-no-such-model"
+"""The model an id that is no operation name is read under (Google answers its own 404)."""
 
 
 class VeoClient(JsonApiClient):
@@ -83,6 +88,15 @@ class VeoClient(JsonApiClient):
         """Google's API key header (sent only to the base URL's origin)."""
         return {KEY_HEADER: self._api_key}
 
+    async def _call(self, method: str, url: URL, *, keep_links: bool = False,
+                    **kwargs: Any) -> HttpAnswer:
+        """JsonApiClient's, but a key no header can carry is a refused key (401), not a
+        transport error: an unsent create must never be taken for an unknown one."""
+        if self.key_problem is not None:
+            return refused_unsent(f"the API key cannot go into an HTTP header: "
+                                  f"{self.key_problem}")
+        return await super()._call(method, url, keep_links=keep_links, **kwargs)
+
     def _retry_after(self, status: int, headers: Mapping[str, str], body: bytes) -> str | None:
         """A `Retry-After` header if one came, else (a 429) the body's `retryDelay`."""
         header = super()._retry_after(status, headers, body)
@@ -90,24 +104,18 @@ class VeoClient(JsonApiClient):
             return header
         return retry_delay(body)
 
-    def _operation_url(self, job_id: str) -> URL | None:
-        path = operation_path(job_id)
-        return None if path is None else URL(f"{self._base}/{self._version}/{path}",
-                                             encoded=True)
-
-    @staticmethod
-    def _not_an_operation(job_id: str) -> HttpAnswer:
-        # in Google's own envelope: a final "no such job" for the row, never sent
-        return HttpAnswer(404, json.dumps({"error": {
-            "code": 404, "status": "NOT_FOUND",
-            "message": "not sent: the job id is not an operation name "
-                       "(models/MODEL/operations/ID)"}}).encode(),
-                          detail=f"not an operation name: {job_id[:80]!r}")
+    def _operation_url(self, job_id: str) -> URL:
+        """The operation's URL; an id that is no operation name (a job added by hand, the
+        core's probe of a paused account) as one encoded segment under NO_SUCH_MODEL: a real
+        request that Google answers with its own 404, which proves the route (never a
+        made-up answer), and that no id can turn into another path."""
+        path = operation_path(job_id) or (
+            f"models/{NO_SUCH_MODEL}/operations/{job_path_segment(job_id)}")
+        return URL(f"{self._base}/{self._version}/{path}", encoded=True)
 
     def shown_status_url(self, job_id: str) -> str:
         """An operation's URL as logs show it."""
-        url = self._operation_url(job_id)
-        return shown_url(str(url)) if url is not None else f"{self._base}/{self._version}/?"
+        return shown_url(str(self._operation_url(job_id)))
 
     def shown_create_url(self) -> str:
         return shown_url(f"{self._base}/{self._version}/models/MODEL:predictLongRunning")
@@ -123,10 +131,7 @@ class VeoClient(JsonApiClient):
                           handle: Mapping[str, Any] | None = None) -> HttpAnswer:
         """GET the operation. Its links are kept whole (its file URIs need `?alt=media` and
         carry no signature); the key is scrubbed as from every body."""
-        url = self._operation_url(job_id)
-        if url is None:
-            return self._not_an_operation(job_id)
-        return await self._call("GET", url, keep_links=True)
+        return await self._call("GET", self._operation_url(job_id), keep_links=True)
 
     async def read_result(self, job_id: str,
                           handle: Mapping[str, Any] | None = None) -> HttpAnswer:

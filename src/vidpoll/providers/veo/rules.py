@@ -53,10 +53,23 @@ MAX_CODE_TEXT = 200
 _MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """A model id as it goes in `models/{model}:predictLongRunning`: one path segment (no model id
 is written in vidpoll's code: Google retires them often)."""
+_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,255}")
+"""One segment of an operation's name (`models`, `veo-x`, `operations`, its id)."""
 INLINE_PREFIX = "inline:"
 """A video that came back as bytes in the operation (Vertex AI without `storageUri`): its
 media "URL" names its place, `inline:{n}`, and the client reads the bytes again to download
 them (they are never stored in the database)."""
+
+
+def operation_path(name: str) -> str | None:
+    """An operation's `name` as a path under the API version, each segment checked (letters,
+    digits, `.`, `_`, `~`, `-`; never `.` or `..`) and ending `operations/{id}`; None when it
+    is not one."""
+    parts = name.split("/")
+    if (len(parts) < 2 or parts[-2] != "operations"
+            or not all(_SEGMENT.fullmatch(p) for p in parts)):
+        return None
+    return name
 
 
 def google_error(body: dict[str, Any] | None) -> tuple[str | None, str | None]:
@@ -69,8 +82,10 @@ def google_error(body: dict[str, Any] | None) -> tuple[str | None, str | None]:
     status, code, message = error.get("status"), error.get("code"), error.get("message")
     if not isinstance(message, str) and not isinstance(status, str):
         return None, None
+    # a text code: vidpoll's own envelope of a call it did not send (veo.client.refused_unsent)
     word = status if isinstance(status, str) and status else (
-        str(code) if isinstance(code, int) and not isinstance(code, bool) else "error")
+        str(code) if isinstance(code, int | str) and not isinstance(code, bool) and code
+        else "error")
     reason = _reason(error.get("details"))
     if reason:
         word = f"{word} ({reason})"
@@ -124,8 +139,21 @@ def samples(response: Any) -> list[dict[str, Any]]:
         listed, list) else []
     listed = inner.get("videos")
     videos += listed if isinstance(listed, list) else []
-    return [v for v in videos if isinstance(v, dict) and any(
-        v.get(k) for k in ("uri", "gcsUri", "bytesBase64Encoded", "inlineBytes"))]
+    return [v for v in videos if isinstance(v, dict) and (
+        any(isinstance(v.get(k), str) and v[k] for k in ("uri", "gcsUri"))
+        or is_inline(v))]
+
+
+def is_inline(video: dict[str, Any]) -> bool:
+    """Whether a video came back as bytes in the operation: `bytesBase64Encoded` as Google
+    sends it, or as the Vertex client leaves it in place of the bytes (`inlineBytes`, their
+    decoded size, and `sha256`; `inlineProblem` when they were not valid base64)."""
+    data = video.get("bytesBase64Encoded")
+    if isinstance(data, str) and data:
+        return True
+    size = video.get("inlineBytes")
+    return ((isinstance(size, int) and not isinstance(size, bool) and size > 0)
+            or bool(video.get("inlineProblem")))
 
 
 class VeoRules:
@@ -163,9 +191,10 @@ class VeoRules:
         return google_error(body)
 
     def created_job_id(self, body: dict[str, Any] | None) -> str | None:
-        """The operation's `name`."""
+        """The operation's `name`, if it is one a client can read (`operation_path`): a name
+        no read could send is no job (the create's outcome is then unknown, and parked)."""
         value = body.get("name") if isinstance(body, dict) else None
-        if not isinstance(value, str) or "/operations/" not in value or ".." in value:
+        if not isinstance(value, str) or operation_path(value) is None:
             return None
         try:
             return validate_job_id(value)
@@ -185,7 +214,7 @@ class VeoRules:
             uri = video.get("uri")
             if isinstance(uri, str) and uri[:8].lower().startswith(("http://", "https://")):
                 found.append(uri)
-            elif video.get("bytesBase64Encoded") or video.get("inlineBytes"):
+            elif is_inline(video):
                 found.append(f"{INLINE_PREFIX}{n}")
         return list(dict.fromkeys(found))
 
