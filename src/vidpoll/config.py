@@ -642,6 +642,9 @@ def _file_account(path: Path, name: str, table: Any, env: Mapping[str, str],
                for field_name, spec in own.items()}
     options = {k: v for k, v in options.items() if v != ""}  # optional fields left unset
     if key_setting != "api_key_env":
+        if "api_key_env" in table:
+            raise ConfigError(f"{at} api_key_env: a {provider.title} account has no key "
+                              f"variable; it names its credentials with {key_setting}")
         if key_setting not in table:
             raise ConfigError(f"{at} {key_setting}: missing; a {provider.title} account names "
                               f"its credentials with {key_setting}")
@@ -713,8 +716,8 @@ def _file_option(at: str, field_name: str, spec: AccountOption, value: Any,
     example = f" (like {field_name} = \"{spec.example}\")" if spec.example else ""
     if value is None:
         if spec.default is None:
-            raise ConfigError(f"{at} {field_name}: missing; a {at.rsplit('.', 1)[-1][:-1]} "
-                              f"account of this provider needs it{example}")
+            raise ConfigError(f"{at} {field_name}: missing; every account of this provider "
+                              f"names it{example}")
         return spec.default
     if spec.kind == "seconds":
         if (isinstance(value, bool) or not isinstance(value, int | float)

@@ -373,6 +373,7 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
     if isinstance(view, Terminal):
         return Outcome(job.job_id, job.claim_token, view.word[:64], 0.0, read_ok=True,
                        http_status=status, provider_status=view.word, body=body,
+                       error=view.detail[:MAX_ERROR_TEXT] if view.detail else None,
                        request_id=request_id, account=job.account, outcome=view.outcome,
                        inline_result=(view.outcome == SUCCEEDED
                                       and rules.result_source is ResultSource.INLINE))

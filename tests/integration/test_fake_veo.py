@@ -240,7 +240,7 @@ async def test_gemini_error_and_filtered_ends(served: Any) -> None:
 
 
 async def test_gemini_files_need_the_key_honour_range_and_expire(served: Any) -> None:
-    fake = veo(file_bytes=1000, file_retention_s=0.6)
+    fake = veo(file_bytes=1000, file_retention_s=600.0)  # made to expire below, not waited for
     api: Http = await served(fake)
     _, created, _ = await create(api)
     done = await until_done(api, created["name"])
@@ -263,10 +263,9 @@ async def test_gemini_files_need_the_key_honour_range_and_expire(served: Any) ->
     status, body, _ = await api.call("GET", f"{api.base}/v1beta/files/zzzz9999:download")
     assert status == 404 and body["error"]["status"] == "NOT_FOUND"
 
-    async def expired() -> bool:
-        status, _, _ = await api.call("GET", uri)
-        return status == 404
-    await eventually(expired)
+    fake.config.file_retention_s = 0.0  # the two days are over
+    status, _, _ = await api.call("GET", uri)
+    assert status == 404
     status, still, _ = await api.call("GET", f"/v1beta/{created['name']}")
     assert status == 200 and still["done"]  # the operation stays readable
 
@@ -546,11 +545,12 @@ async def grant(api: Http, jwt_text: str, grant_type: str = "urn:ietf:params:oau
 
 
 async def test_vertex_token_endpoint_verifies_the_jwt_bearer_grant(served: Any) -> None:
-    fake = vertex(token_lifetime_s=0.5)
+    # a lifetime no slow machine reaches during the test; the expiry is made, not waited for
+    fake = vertex(token_lifetime_s=600.5)
     api: Http = await served(fake)
     status, token, _ = await grant(api, assertion(fake))
     assert status == 200 and set(token) == {"access_token", "expires_in", "token_type"}
-    assert token["token_type"] == "Bearer" and token["expires_in"] == 1  # whole seconds
+    assert token["token_type"] == "Bearer" and token["expires_in"] == 601  # whole seconds
     assert token["access_token"].startswith("ya29.")
     status, _, _ = await grant(api, assertion(fake, aud=f"{api.base}/token"))
     assert status == 200
@@ -578,7 +578,7 @@ async def test_vertex_token_endpoint_verifies_the_jwt_bearer_grant(served: Any) 
     assert stats["token_requests"] == 10 and stats["tokens_issued"] == 2
     assert stats["tokens_refused"] == 8
 
-    # an issued token works until token_lifetime_s, then answers ACCESS_TOKEN_EXPIRED
+    # an issued token works until it expires, then answers ACCESS_TOKEN_EXPIRED
     bearer = {"Authorization": f"Bearer {token['access_token']}"}
     path = f"/v1/{RESOURCE}:fetchPredictOperation"
     status, body, _ = await api.call("POST", path, json_body={"operationName": "x"},
@@ -589,7 +589,8 @@ async def test_vertex_token_endpoint_verifies_the_jwt_bearer_grant(served: Any) 
         status, body, _ = await api.call("POST", path, json_body={"operationName": "x"},
                                          headers=bearer)
         return status == 401 and body["error"]["details"][0]["reason"] == "ACCESS_TOKEN_EXPIRED"
-    await eventually(expired)
+    fake.expire_tokens()
+    assert await expired()
 
     fake.config.token_5xx = 1.0
     status, _, _ = await grant(api, assertion(fake))

@@ -47,6 +47,9 @@ OTHERS = 30
 PAGE_SIZE = 12
 """So the window (90 predictions) is 8 pages, as the report's busy account's was."""
 SETTLED_WITHIN_S = 30.0
+SEEDS = (1,)
+"""The fake's seeds run (each ~12 s); seed 2 gave the same result (10.0-11.1 s) when both
+ran: `SEEDS = (1, 2)`."""
 
 
 @asynccontextmanager
@@ -63,7 +66,7 @@ async def busy_list(seed: int) -> AsyncIterator[tuple[FakeReplicate, str]]:
 
 async def test_every_unknown_create_settles_within_30s_on_a_faulty_list(
         store: PgStore) -> None:
-    for seed in (1, 2):
+    for seed in SEEDS:
         async with busy_list(seed) as (fake, url), ReplicateClient(
                 url, DEFAULT_TOKEN, timeout_s=2.0) as client:
             account = f"{ACCOUNT}{seed}"

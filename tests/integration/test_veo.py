@@ -308,6 +308,9 @@ async def test_each_end_of_a_render_is_recorded_and_its_videos_land_on_disk(
         assert rows["filtered"]["outcome"] == "failed"  # type: ignore[index]
         kept = json.dumps(rows["filtered"]["last_response"])  # type: ignore[index]
         assert REASON in kept and '"raiMediaFilteredCount": 2' in kept
+        # and said in one line as the row's last_error (`jobs show`, the dashboard)
+        said = rows["filtered"]["last_error"]  # type: ignore[index]
+        assert said.startswith("no video: the safety filters removed 2") and REASON[:40] in said
         assert await store.job_deliveries(jobs["filtered"]) == []
 
         if kind == "vertex":

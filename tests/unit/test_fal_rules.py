@@ -94,13 +94,19 @@ def test_completed_without_an_error_succeeded(body: dict[str, Any]) -> None:
     {"status": "COMPLETED", "error": None, "error_type": "internal_error"},
 ])
 def test_completed_with_an_error_failed(body: dict[str, Any]) -> None:
-    assert RULES.read_status(body) == Terminal("completed", "failed")
+    view = RULES.read_status(body)
+    assert isinstance(view, Terminal) and (view.word, view.outcome) == ("completed", "failed")
+    # fal's own words are kept as the row's last_error
+    for said in (body.get("error_type"), body.get("error")):
+        if isinstance(said, str):
+            assert view.detail is not None and said in view.detail
 
 
 def test_a_request_its_owner_cancelled_is_canceled() -> None:
     body = {"status": "COMPLETED", "error": "Request was cancelled",
             "error_type": "client_cancelled"}
-    assert RULES.read_status(body) == Terminal("completed", "canceled")
+    assert RULES.read_status(body) == Terminal(
+        "completed", "canceled", "client_cancelled: Request was cancelled")
 
 
 def test_an_unknown_word_keeps_polling_and_is_flagged() -> None:

@@ -85,7 +85,8 @@ def test_an_operation_not_done_is_pending_with_no_hint(body: dict[str, Any]) -> 
 def test_done_with_an_error_fails_and_says_why() -> None:
     body = {"name": GEMINI_NAME, "done": True,
             "error": {"code": 13, "message": "Video generation failed due to an internal error."}}
-    assert RULES.read_status(body) == Terminal(DONE, "failed")
+    assert RULES.read_status(body) == Terminal(
+        DONE, "failed", "error 13: Video generation failed due to an internal error.")
     assert RULES.failure(body) == "error 13: Video generation failed due to an internal error."
     assert operation_failure({"done": True, "error": {"code": 3}}) == "error 3"
 
@@ -124,8 +125,8 @@ def test_inline_bytes_as_the_vertex_client_leaves_them_still_name_the_videos() -
 def test_done_with_every_video_filtered_fails_with_the_reasons(shape: str) -> None:
     extra = {"raiMediaFilteredCount": 2, "raiMediaFilteredReasons": [REASON]}
     body = gemini_done(**extra) if shape == "gemini" else vertex_done(None, **extra)
-    assert RULES.read_status(body) == Terminal(DONE, "failed")
     why = RULES.failure(body)
+    assert RULES.read_status(body) == Terminal(DONE, "failed", why)  # kept as last_error
     assert why is not None and why.startswith("no video: the safety filters removed 2")
     assert "may violate our policies" in why
     assert RULES.media_urls(body) == []
@@ -144,7 +145,8 @@ def test_done_with_no_video_and_no_filter_count_fails() -> None:
     for body in (vertex_done(None), vertex_done([]), gemini_done(),
                  {"name": GEMINI_NAME, "done": True},
                  vertex_done([{"gcsUri": ""}, {"bytesBase64Encoded": ""}, {"uri": 5}, "x"])):
-        assert RULES.read_status(body) == Terminal(DONE, "failed"), body
+        assert RULES.read_status(body) == Terminal(
+            DONE, "failed", "no video in the finished operation"), body
         assert RULES.failure(body) == "no video in the finished operation"
 
 

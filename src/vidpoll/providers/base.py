@@ -98,6 +98,9 @@ class Terminal:
 
     word: str
     outcome: NeutralOutcome
+    detail: str | None = None
+    """Why it ended without a video, in the provider's words (Veo's error or the safety
+    filters' reasons, fal's error): kept as the row's `last_error`."""
 
 
 @dataclass(frozen=True, slots=True)

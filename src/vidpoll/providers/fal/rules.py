@@ -222,7 +222,10 @@ class FalRules:
         error, error_type = body.get("error"), _text(body.get("error_type"))
         if error_type is None and error in (None, "", [], {}):
             return Terminal(COMPLETED, "succeeded")
-        return Terminal(COMPLETED, "canceled" if error_type == CANCELLED_TYPE else "failed")
+        text = error if isinstance(error, str) and error.strip() else None
+        said = ": ".join(p for p in (error_type, text) if p) or None
+        return Terminal(COMPLETED, "canceled" if error_type == CANCELLED_TYPE else "failed",
+                        said[:MAX_ERROR_TEXT] if said else None)
 
     def error_code(self, body: dict[str, Any] | None) -> tuple[str | None, str | None]:
         return problem(body)

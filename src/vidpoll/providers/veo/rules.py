@@ -182,10 +182,12 @@ class VeoRules:
         if done is not True:
             return Unreadable("'done' is not true or false")
         if isinstance(body.get("error"), dict):
-            return Terminal(DONE, "failed")
+            return Terminal(DONE, "failed", operation_failure(body))
         if "error" in body and body["error"] is not None:
             return Unreadable("'error' is not an object")
-        return Terminal(DONE, "succeeded" if samples(body.get("response")) else "failed")
+        if samples(body.get("response")):
+            return Terminal(DONE, "succeeded")
+        return Terminal(DONE, "failed", operation_failure(body))
 
     def error_code(self, body: dict[str, Any] | None) -> tuple[str | None, str | None]:
         return google_error(body)
