@@ -180,7 +180,9 @@ async def test_two_unheld_jobs_of_one_input_are_ambiguous_and_parked(store: PgSt
 
 
 async def test_an_unreadable_list_is_retried_then_parked_at_the_deadline(
-        store: PgStore) -> None:
+        store: PgStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # each walk tries its page PAGE_TRIES times a moment apart: moments of 10 ms here
+    monkeypatch.setattr(reconcile, "QUICK_RETRY_S", (0.01,) * len(reconcile.QUICK_RETRY_S))
     client = LedgerClient(["lost"])
     client.lookup_failures = 2
     await add(store, "k1", "retry me")

@@ -31,16 +31,11 @@ from vidpoll.providers.replicate.fake import (
 from vidpoll.store import PgStore
 from vidpoll.submitter import Submitter, SubmitterConfig
 
-from ..conftest import FAST_POLICY
-
 ACCOUNT = "busy"
 MODEL = f"{DEFAULT_MODEL}:{DEFAULT_VERSIONS[-1]}"
-DEFAULTS = PollPolicy()
-POLICY = dataclasses.replace(
-    FAST_POLICY, reconcile_settle_s=DEFAULTS.reconcile_settle_s,
-    reconcile_skew_s=DEFAULTS.reconcile_skew_s,
-    reconcile_deadline_s=DEFAULTS.reconcile_deadline_s)
-"""The shipped look-up knobs (settle 10 s, skew 120 s, deadline 600 s); the rest fast."""
+POLICY = PollPolicy()
+"""The shipped policy: settle 10 s, skew 120 s, deadline 600 s, and its backoff (which,
+uncapped, took a failed look-up to 125 s)."""
 UNKNOWN = 60
 OTHERS = 30
 """Predictions of other inputs in the same window (another service on the account)."""
