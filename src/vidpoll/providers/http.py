@@ -28,6 +28,7 @@ from yarl import URL
 
 from vidpoll.media import job_path_segment, map_strings, may_hold_url, redact_urls
 from vidpoll.models import ErrorClass, HttpAnswer
+from vidpoll.providers.base import CreatedPage
 
 MAX_BODY_BYTES = 1 << 20
 SCRUB_INLINE_BYTES = 64 << 10
@@ -188,6 +189,33 @@ def _prepared_scrub(body: bytes, api_key: bytes, status: int, *, keep_links: boo
     if len(shaped) > MAX_BODY_BYTES:
         return None
     return scrub_body(shaped, api_key, status, keep_links=keep_links)
+
+
+async def list_page(client: JsonApiClient, url: URL, what: str,
+                    member: str) -> tuple[dict[str, Any], list[Any]] | CreatedPage:
+    """One page of a provider's records, read for the core's look-ups (`vidpoll.reconcile`):
+    the page (a JSON object) and its list under `member`, or the CreatedPage that says why
+    there is none (not sent: a key no header can carry, `final`; a failed call or an answer
+    that is not `{member: [...]}`: a failed page, tried again by the core). `what` names the
+    list in messages ("listing predictions")."""
+    if client.key_problem is not None:
+        return CreatedPage(detail=f"{what}: not sent: {client.key_problem}", final=True,
+                           calls=0)
+    answer = await client._call("GET", url, keep_links=True)  # an echoed input is an input
+    if answer.transport_error is not None or answer.status is None:
+        shown = redact_urls(answer.detail) or "no answer"
+        return CreatedPage(failure=answer, detail=f"{what}: {shown}")
+    if not 200 <= answer.status < 300:
+        return CreatedPage(failure=answer, detail=f"{what}: HTTP {answer.status}")
+    try:
+        page = json.loads(answer.body)
+    except (ValueError, RecursionError):
+        page = None
+    items = page.get(member) if isinstance(page, dict) else None
+    if not isinstance(page, dict) or not isinstance(items, list):
+        return CreatedPage(failure=answer,
+                           detail=f"{what}: the answer is not {{\"{member}\": [...]}}")
+    return page, items
 
 
 def scrub_body(body: bytes, api_key: bytes, status: int, *, keep_links: bool = False) -> bytes:

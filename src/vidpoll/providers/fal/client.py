@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from yarl import URL
 
-from vidpoll.media import job_path_segment, redact_urls, shown_url
+from vidpoll.media import job_path_segment, shown_url
 from vidpoll.models import ErrorClass, HttpAnswer
 from vidpoll.providers.base import Created, CreatedPage, ProviderOptions
 from vidpoll.providers.fal.rules import RULES, model_problem, owner_app
-from vidpoll.providers.http import JsonApiClient, normal_base
+from vidpoll.providers.http import JsonApiClient, list_page, normal_base
 
 if TYPE_CHECKING:
     from vidpoll.providers.base import Client, Reconciler
@@ -253,24 +253,10 @@ class FalClient(JsonApiClient):
         if cursor is not None:
             query["cursor"] = cursor
         url = URL(self._platform + HISTORY_PATH, encoded=True).with_query(query)
-        if self.key_problem is not None:
-            return CreatedPage(detail=f"listing fal requests: not sent: {self.key_problem}",
-                               final=True, calls=0)
-        answer = await self._call("GET", url, keep_links=True)  # json_input is an input
-        if answer.transport_error is not None or answer.status is None:
-            shown = redact_urls(answer.detail) or "no answer"
-            return CreatedPage(failure=answer, detail=f"listing fal requests: {shown}")
-        if not 200 <= answer.status < 300:
-            return CreatedPage(failure=answer,
-                               detail=f"listing fal requests: HTTP {answer.status}")
-        try:
-            page = json.loads(answer.body)
-        except (ValueError, RecursionError):
-            page = None
-        items = page.get("items") if isinstance(page, dict) else None
-        if not isinstance(page, dict) or not isinstance(items, list):
-            return CreatedPage(failure=answer, detail="listing fal requests: the answer is not "
-                                                      "{\"items\": [...]}")
+        read = await list_page(self, url, "listing fal requests", "items")
+        if isinstance(read, CreatedPage):
+            return read
+        page, items = read
         entries = tuple(self._created(item) for item in items)
         through = max((e.created_at for e, item in zip(entries, items, strict=True)
                        if e.created_at is not None and isinstance(item, dict)

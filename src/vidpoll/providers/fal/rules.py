@@ -27,7 +27,7 @@ API's request history, docs.fal.ai/platform-apis/v1/models/requests/by-endpoint;
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from vidpoll.errors import InvalidJobId
@@ -42,7 +42,7 @@ from vidpoll.providers.base import (
     Terminal,
     Unreadable,
 )
-from vidpoll.providers.replicate.rules import json_equal
+from vidpoll.providers.echo import holds_data_uri, json_equal, json_strings
 
 COMPLETED = "completed"
 WORDS: Mapping[str, NeutralOutcome] = {COMPLETED: "succeeded"}
@@ -132,26 +132,8 @@ def problem(body: dict[str, Any] | None) -> tuple[str | None, str | None]:
     return code[:MAX_CODE_TEXT], message[:MAX_ERROR_TEXT] if message is not None else None
 
 
-def _strings(value: Any) -> Iterator[str]:
-    """Every string in a JSON value, in document order (iterative: any depth)."""
-    stack: list[Iterator[Any]] = [iter((value,))]
-    while stack:
-        node = next(stack[-1], _END)
-        if node is _END:
-            stack.pop()
-        elif isinstance(node, str):
-            yield node
-        elif isinstance(node, dict):
-            stack.append(iter(node.values()))
-        elif isinstance(node, list | tuple):
-            stack.append(iter(node))
-
-
-_END = object()
-
-
-def _holds_data_uri(value: Any) -> bool:
-    return any(s[:5].lower() == "data:" for s in _strings(value))
+_strings = json_strings
+_holds_data_uri = holds_data_uri
 
 
 def match_created(entry: Any, payload: dict[str, Any], model: str | None) -> Match:

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from yarl import URL
 
-from vidpoll.media import redact_urls, shown_url
+from vidpoll.media import shown_url
 from vidpoll.models import HttpAnswer
 from vidpoll.providers.base import Created, CreatedPage, ProviderOptions
-from vidpoll.providers.http import JsonApiClient, job_url, normal_base
+from vidpoll.providers.http import JsonApiClient, job_url, list_page, normal_base
 from vidpoll.providers.replicate.rules import RULES, model_problem, split_model
 
 if TYPE_CHECKING:
@@ -204,24 +204,10 @@ class ReplicateClient(JsonApiClient):
             except (ValueError, TypeError):
                 return CreatedPage(detail="listing predictions: its 'next' is not a URL",
                                    final=True)
-        if self.key_problem is not None:
-            return CreatedPage(detail=f"listing predictions: not sent: {self.key_problem}",
-                               final=True, calls=0)
-        answer = await self._call("GET", url, keep_links=True)  # `next` is a query
-        if answer.transport_error is not None or answer.status is None:
-            shown = redact_urls(answer.detail) or "no answer"
-            return CreatedPage(failure=answer, detail=f"listing predictions: {shown}")
-        if not 200 <= answer.status < 300:
-            return CreatedPage(failure=answer,
-                               detail=f"listing predictions: HTTP {answer.status}")
-        try:
-            page = json.loads(answer.body)
-        except (ValueError, RecursionError):
-            page = None
-        results = page.get("results") if isinstance(page, dict) else None
-        if not isinstance(page, dict) or not isinstance(results, list):
-            return CreatedPage(failure=answer, detail="listing predictions: the answer is not "
-                                                      "{\"results\": [...]}")
+        read = await list_page(self, url, "listing predictions", "results")
+        if isinstance(read, CreatedPage):
+            return read
+        page, results = read
         entries = tuple(Created(RULES.created_job_id(entry), entry, _created_at(entry))
                         for entry in results)
         following = page.get("next")

@@ -15,7 +15,7 @@ ReplicateError). Inputs and outputs are removed an hour after an API prediction 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from vidpoll.errors import InvalidJobId
@@ -29,6 +29,8 @@ from vidpoll.providers.base import (
     Terminal,
     Unreadable,
 )
+from vidpoll.providers.echo import holds_data_uri, json_strings
+from vidpoll.providers.echo import json_equal as json_equal
 
 WORDS: Mapping[str, NeutralOutcome] = {
     "succeeded": "succeeded",
@@ -90,56 +92,8 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
-def _strings(value: Any) -> Iterator[str]:
-    """Every string in a JSON value, in document order (iterative: any depth)."""
-    stack: list[Iterator[Any]] = [iter((value,))]
-    while stack:
-        node = next(stack[-1], _END)
-        if node is _END:
-            stack.pop()
-        elif isinstance(node, str):
-            yield node
-        elif isinstance(node, dict):
-            stack.append(iter(node.values()))
-        elif isinstance(node, list | tuple):
-            stack.append(iter(node))
-
-
-_END = object()
-
-
-def json_equal(a: Any, b: Any) -> bool:
-    """Whether two JSON values are equal as JSON: 1 == 1.0, but true is not 1 (Python's
-    bool is an int), objects by their members, arrays in order. Iterative: any depth."""
-    stack = [(a, b)]
-    while stack:
-        x, y = stack.pop()
-        if isinstance(x, bool) or isinstance(y, bool):
-            if not (isinstance(x, bool) and isinstance(y, bool) and x == y):
-                return False
-        elif ((isinstance(x, int | float) and isinstance(y, int | float))
-              or (isinstance(x, str) and isinstance(y, str))):
-            if x != y:
-                return False
-        elif x is None and y is None:
-            continue
-        elif isinstance(x, dict) and isinstance(y, dict):
-            if x.keys() != y.keys():
-                return False
-            stack.extend((x[k], y[k]) for k in x)
-        elif isinstance(x, list | tuple) and isinstance(y, list | tuple):
-            if len(x) != len(y):
-                return False
-            stack.extend(zip(x, y, strict=True))
-        else:
-            return False
-    return True
-
-
-def _holds_data_uri(value: Any) -> bool:
-    # Replicate may keep an uploaded `data:` input as a file URL of its own: such a field
-    # cannot be compared with what was sent
-    return any(s[:5].lower() == "data:" for s in _strings(value))
+_strings = json_strings
+_holds_data_uri = holds_data_uri
 
 
 def match_created(entry: Any, payload: dict[str, Any], model: str | None) -> Match:
