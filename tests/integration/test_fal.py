@@ -27,6 +27,7 @@ from typing import Any
 
 import psycopg
 
+from vidpoll import submitter as submitter_module
 from vidpoll.deliver import Deliverer, DeliveryConfig
 from vidpoll.download import Downloader
 from vidpoll.fetch_guard import AccountRules, FetchPolicy
@@ -409,7 +410,8 @@ async def test_chaos_a_hundred_intents_are_each_billed_once_polled_and_downloade
 # ---- 3. what the history proves, and what it cannot ----
 
 async def test_a_create_the_server_makes_after_its_client_gave_up_is_never_sent_twice(
-        store: PgStore) -> None:
+        store: PgStore, monkeypatch: Any) -> None:
+    monkeypatch.setattr(submitter_module, "RECONCILE_RETRY_MAX_S", 0.3)  # looked up again soon
     # fal lists a request once it has started, and starts them in order: a request sent after
     # the attempt and already started proves every earlier one listed. But the server may
     # make the request after its client gave up (here 0.5 s after the timeout), later than
@@ -448,11 +450,12 @@ async def test_a_create_the_server_makes_after_its_client_gave_up_is_never_sent_
 
 
 async def test_in_a_quiet_account_an_unknown_create_is_parked_never_sent_again(
-        store: PgStore) -> None:
+        store: PgStore, monkeypatch: Any) -> None:
+    monkeypatch.setattr(submitter_module, "RECONCILE_RETRY_MAX_S", 0.3)  # looked up again soon
     # nothing was made (a 503 before the request), and nothing sent later has started: the
     # history cannot prove the create absent (a request still queued is not listed), so the
     # intent is looked up again until the deadline, then parked for an operator
-    policy = dataclasses.replace(POLICY, reconcile_settle_s=0.5, reconcile_deadline_s=4.0)
+    policy = dataclasses.replace(POLICY, reconcile_settle_s=0.5, reconcile_deadline_s=2.5)
     async with serving(quick(before_5xx_statuses=(503,))) as (fake, url), \
             fal_client(url) as client:
         await store.add_intent("quiet", {"prompt": "never made"}, account=ACCOUNT,
@@ -474,11 +477,12 @@ async def test_with_a_start_timeout_a_quiet_accounts_create_is_proven_absent_and
     # unprocessed, so once that time (and a margin) has passed, a create the history does not
     # list was never made, even with nothing sent later to prove the queue moved past it
     from vidpoll.providers.fal import client as fal_client_module
-    monkeypatch.setattr(fal_client_module, "START_TIMEOUT_MARGIN_S", 0.5)
+    monkeypatch.setattr(fal_client_module, "START_TIMEOUT_MARGIN_S", 0.2)
+    monkeypatch.setattr(submitter_module, "RECONCILE_RETRY_MAX_S", 0.3)  # looked up again soon
     policy = dataclasses.replace(POLICY, reconcile_settle_s=0.5, reconcile_deadline_s=30.0)
     async with serving(quick(before_5xx_statuses=(503,))) as (fake, url), \
             FalClient(url, DEFAULT_KEY, timeout_s=HTTP_TIMEOUT_S, options=ProviderOptions(
-                extra={"platform_url": url, "start_timeout_s": "2"})) as client:
+                extra={"platform_url": url, "start_timeout_s": "1"})) as client:
         await store.add_intent("quiet-timed", {"prompt": "never made"}, account=ACCOUNT,
                                provider=PROVIDER, model=MODEL)
         fake.script_creates(["5xx_before"])
