@@ -55,6 +55,7 @@ class Toy:
 
     def __init__(self, name: str, webhooks: ToyWebhooks | None) -> None:
         self.name = name
+        self.title = name.capitalize()
         self.default_base_url = "http://127.0.0.1:9"
         self.env_prefix = name.upper()
         self.rules = SimpleNamespace(words={})
@@ -165,7 +166,8 @@ async def test_a_registered_provider_is_served_only_with_a_secret_given_for_it(s
     runner, url = await start_server(make_app(store, {"toy": None}), "127.0.0.1", 0)
     try:
         assert await to_toy(url, "toy_1", "evt_1", "toy-new") == (
-            503, {"error": "TOY_WEBHOOK_SECRET is not set"})
+            503, {"error": "no Toy webhook secret is set (webhook_secret_env in the accounts "
+                           "file, or TOY_WEBHOOK_SECRET)"})
         assert (await post(f"{url}/webhooks/sume", b"{}", {}))[0] == 404
     finally:
         await runner.cleanup()

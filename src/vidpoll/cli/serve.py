@@ -91,9 +91,10 @@ def serve_cmd(host: str, port: int, metrics_port: int | None, metrics_host: str)
             # that cannot start says one line, its error
             for name, got in sorted(secrets.items()):
                 if not got:
-                    prefix = registry.load(name).env_prefix
-                    _stderr(f"warning: {prefix}_WEBHOOK_SECRET is not set; /webhooks/{name} "
-                            "answers 503")
+                    found = registry.load(name)
+                    _stderr(f"warning: no {found.title} webhook secret is set (webhook_secret_env "
+                            f"in the accounts file, or {found.env_prefix}_WEBHOOK_SECRET); "
+                            f"/webhooks/{name} answers 503")
             _stderr(f"vidpoll serving on {url} (dashboard at /, metrics at {scrapes})")
             await _until_signalled()
             if metrics_port is not None:

@@ -162,7 +162,11 @@ def served_providers(secrets: WebhookSecrets) -> dict[str, _Served]:
             why = problem(secret) if problem is not None else None
             if why:
                 raise ConfigError(f"the webhook secret given for {provider.title} {why}")
-        served[name] = _Served(hooks, own, f"{provider.env_prefix}_WEBHOOK_SECRET is not set")
+        # the 503's words name both places a secret is set: an account in the file names
+        # its variable with webhook_secret_env (the prefix's variable serves the others)
+        served[name] = _Served(hooks, own, f"no {provider.title} webhook secret is set "
+                                           f"(webhook_secret_env in the accounts file, or "
+                                           f"{provider.env_prefix}_WEBHOOK_SECRET)")
     return served
 
 
