@@ -93,3 +93,15 @@ def test_a_key_pasted_into_a_providers_own_field_is_never_shown(tmp_path):
     message = refusal(tmp_path, f'[accounts.veo]\nprovider = "veo"\napi_key_env = "K"\n'
                                 f'api_version = "{SECRET}!"\n', K="x")
     assert "api_version" in message
+
+
+def test_a_vertex_account_names_no_key_variable_and_its_key_files_path_is_no_secret(tmp_path):
+    key_file = tmp_path / "sa.json"
+    key_file.write_text("{}")
+    body = f'[accounts.vx]\nprovider = "vertex"\nproject = "p"\ncredentials_file = "{key_file}"\n'
+    said = refusal(tmp_path, body + 'api_key_env = "GOOGLE_KEY"\n', GOOGLE_KEY=SECRET)
+    assert "api_key_env: a Veo (Vertex AI) account has no key variable" in said
+    # the path is what an operator needs in an error: never redacted from logs as a key is
+    found = settings(tmp_path, body + '[accounts.veo]\nprovider = "veo"\napi_key_env = "K"\n',
+                     K=SECRET)
+    assert found.secrets() == [SECRET]

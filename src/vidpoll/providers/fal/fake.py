@@ -17,7 +17,7 @@ Sources
   public verifiers it links to (JWKS at rest.alpha.fal.ai/.well-known/jwks.json, `x` read).
 - SDK: fal_client 1.0.3 `client.py` (`_raise_for_status`, `_parse_status`, retry rules) and
   `_headers.py` (X-Fal-Request-Timeout, X-Fal-Request-Timeout-Type, X-Fal-Queue-Priority).
-- REF: /work/shared/reference/PROVIDERS.md section 5 and its 2026-12-06 "Updates".
+- REF: PROVIDERS.md (project notes) section 5 and its 2026-12-06 "Updates".
 
 Behaviour and its basis
 - One app serves every host: the queue (`base_url`, fal's queue.fal.run), the platform API

@@ -6,7 +6,7 @@ unanswered create started. Pure; no I/O.
 Facts (fal's queue docs, docs.fal.ai/model-endpoints/queue and the inference-api page; its
 errors pages, fal.ai/docs/documentation/model-apis/errors and .../request-errors; the platform
 API's request history, docs.fal.ai/platform-apis/v1/models/requests/by-endpoint; fal_client
-1.0.3's `client.py`; /work/shared/reference/PROVIDERS.md section 5 and its 2026-12-06
+1.0.3's `client.py`; PROVIDERS.md (project notes) section 5 and its 2026-12-06
 "Updates"):
 
 - a status answer's `status` is `IN_QUEUE` (with `queue_position`, the requests ahead),

@@ -19,7 +19,7 @@ Sources
 - HOOKS: ai.google.dev/gemini-api/docs/webhooks (static project webhooks with a signing secret
   returned once; dynamic per-request `webhookConfig`); hookdeck/webhook-skills
   `skills/gemini-webhooks/references/{overview,verification}.md` (third-party).
-- PROV: /work/shared/reference/PROVIDERS.md section 2a and "Updates (2026-12-06)".
+- PROV: PROVIDERS.md (project notes) section 2a and "Updates (2026-12-06)".
 - ERR: Google's JSON error envelope `{"error": {code, message, status, details}}` (AIP-193),
   with bodies as seen in many public transcripts of this API.
 

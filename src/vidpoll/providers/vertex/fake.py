@@ -22,7 +22,7 @@ Sources
   whatever the key file's token_uri, `scope`, `iat`, `exp` = iat + 3600, header `kid` =
   private_key_id; form-encoded POST to token_uri; the answer's `access_token`, `expires_in`);
   developers.google.com/identity/protocols/oauth2/service-account (the grant and its errors).
-- PROV: /work/shared/reference/PROVIDERS.md section 2b; vercel/ai#12003 (a GET of the
+- PROV: PROVIDERS.md (project notes) section 2b; vercel/ai#12003 (a GET of the
   operation name answers 404).
 
 Behaviour and its basis
