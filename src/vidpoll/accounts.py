@@ -27,7 +27,8 @@ def client_for(settings: Settings, account: str, *, timeout_s: float | None = No
         found.base_url, found.api_key,
         timeout_s=settings.http_timeout_s if timeout_s is None else timeout_s,
         max_connections=max_connections,
-        options=ProviderOptions(webhook_url=found.webhook_url, extra=found.options))
+        options=ProviderOptions(webhook_url=found.webhook_url, extra=found.options,
+                                secrets=found.option_secrets))
 
 
 def media_auth(settings: Settings) -> tuple[dict[str, Mapping[str, str]],

@@ -37,7 +37,7 @@ from vidpoll.accounts import (
 from vidpoll.aio import cancel_and_wait
 from vidpoll.config import Settings
 from vidpoll.deliver import Deliverer, DeliveryConfig, DeliveryStore, Hook, hook_name
-from vidpoll.download import Downloader, inline_fetcher
+from vidpoll.download import Downloader, inline_fetcher, media_refresher
 from vidpoll.embedded import resolve_database_url
 from vidpoll.errors import ConfigError, IntentRejected
 from vidpoll.models import (
@@ -241,6 +241,12 @@ class Vidpoll:
         problem = model_problem(model) if model is not None and callable(model_problem) else None
         if problem:
             raise ConfigError(f"--model for account {account!r} ({provider.title}): {problem}")
+        # optional (providers/base.py): a body this provider cannot take with that model
+        payload_problem = getattr(provider.rules, "payload_problem", None)
+        problem = payload_problem(payload, model) if callable(payload_problem) else None
+        if problem:
+            raise ConfigError(f"the request body for account {account!r} ({provider.title}): "
+                              f"{problem}")
         intent, new = await self.store.add_intent(key, payload, priority, account,
                                                   provider=provider.name, model=model)
         if intent.state == REJECTED:
@@ -373,15 +379,17 @@ class Vidpoll:
             downloader = None
             if download_dir is not None:
                 headers, header_hosts = media_auth(self.settings)
-                # videos that came back as bytes in the provider's answer (Vertex AI) are
-                # read again through the account's own client, never stored in the database
+                # videos that came back as bytes in the provider's answer (Vertex AI), and
+                # links signed anew on each read (Runway), are read again through the
+                # account's own client, never stored in the database
                 clients = {name: await stack.enter_async_context(client_for(self.settings, name))
                            for name, account in self.settings.accounts.items()
                            if account.api_key}
                 downloader = await stack.enter_async_context(
                     Downloader.from_settings(download_dir, self.settings, headers,
                                              header_hosts, max_connections=concurrency,
-                                             inline_fetch=inline_fetcher(clients)))
+                                             inline_fetch=inline_fetcher(clients),
+                                             fresh_media=media_refresher(clients)))
             deliverer = Deliverer(self.store, config, downloader)
             deliverer.producers_finished()  # the pollers run elsewhere
             await deliverer.prepare()  # registered before the block runs: no job slips by

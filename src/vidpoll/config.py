@@ -262,6 +262,9 @@ class Account:
     `park` an unknown create for an operator (the default), or `resend` it (may bill twice)."""
     min_poll_s: float | None = None
     """The floor between two reads of one job; None: the provider's (`Rules.min_poll_s`)."""
+    option_secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """By `secret_env` field of the provider (Kling's `secret_key_env`): the value of the
+    variable it names (empty when unset)."""
 
 
 @dataclass(frozen=True)
@@ -443,7 +446,7 @@ class Settings:
         # no secret, and what an operator needs to see in an error)
         found = {s for a in self.accounts.values()
                  for s in ((a.api_key if a.api_key_env or a.source != "file" else ""),
-                           a.webhook_secret)}
+                           a.webhook_secret, *a.option_secrets.values())}
         return sorted((s for s in found if s), key=len, reverse=True)
 
     def budget(self, kind: str, account: str) -> Budget | None:
@@ -641,6 +644,9 @@ def _file_account(path: Path, name: str, table: Any, env: Mapping[str, str],
                                         allow_insecure_http)
                for field_name, spec in own.items()}
     options = {k: v for k, v in options.items() if v != ""}  # optional fields left unset
+    option_secrets = {field_name: _file_secret(at, field_name, env, options[field_name])
+                      for field_name, spec in own.items()
+                      if spec.kind == "secret_env" and field_name in options}
     if key_setting != "api_key_env":
         if "api_key_env" in table:
             raise ConfigError(f"{at} api_key_env: a {provider.title} account has no key "
@@ -694,7 +700,7 @@ def _file_account(path: Path, name: str, table: Any, env: Mapping[str, str],
               create_default),
         _file_secret(at, "webhook_secret_env", env, secret_env) if secret_env else "",
         secret_env, "file", _file_webhook_url(at, table, allow_insecure_http), options,
-        on_unknown, None if min_poll is None else float(min_poll))
+        on_unknown, None if min_poll is None else float(min_poll), option_secrets)
 
 
 def _default_base_url(provider: Provider, options: Mapping[str, str]) -> str:
@@ -719,6 +725,10 @@ def _file_option(at: str, field_name: str, spec: AccountOption, value: Any,
             raise ConfigError(f"{at} {field_name}: missing; every account of this provider "
                               f"names it{example}")
         return spec.default
+    if spec.kind == "secret_env":
+        return _variable_name(at, field_name, value,
+                              f'secrets never go in the file: set {field_name} = "NAME" and '
+                              f'export NAME')
     if spec.kind == "seconds":
         if (isinstance(value, bool) or not isinstance(value, int | float)
                 or not math.isfinite(value) or not 1 <= value <= 86400):

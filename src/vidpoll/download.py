@@ -88,6 +88,43 @@ def inline_fetcher(clients: Mapping[str, object]) -> InlineFetch:
     return fetch
 
 
+MediaRefresh = Callable[[str, str], Awaitable[list[str] | None]]
+"""(account, job id) -> the job's media URLs read again now, signed query strings and all
+(never stored), or None when the account's provider keeps its links (they are downloaded as
+stored); raises a DownloadError (DownloadRefused when the provider no longer holds them)."""
+
+
+def media_refresher(clients: Mapping[str, object]) -> MediaRefresh:
+    """A `MediaRefresh` over the (entered) clients of the accounts served: each account's
+    client's `fresh_media` (optional: Runway signs its output URLs anew on each read of the
+    task, and they expire within a day or two), an answer without URLs turned into a
+    DownloadError (for good, DownloadRefused, when the provider answered without them)."""
+    # optional on a client: `async def fresh_media(job_id, handle) -> list[str] | HttpAnswer`
+    readers: dict[str, Callable[..., Awaitable[list[str] | HttpAnswer]]] = {}
+    for account, client in clients.items():
+        method = getattr(client, "fresh_media", None)
+        if callable(method):
+            readers[account] = method
+
+    async def refresh(account: str, job_id: str) -> list[str] | None:
+        reader = readers.get(account)
+        if reader is None:
+            return None
+        got = await reader(job_id, None)
+        if isinstance(got, list) and got:
+            return got
+        what = f"the media of job {job_id[:120]}"
+        if isinstance(got, list):
+            raise DownloadRefused(f"{what}: the provider's answer lists no media now")
+        said = got.detail or (f"HTTP {got.status}" if got.status is not None
+                              else "no answer")
+        if got.status is not None and (200 <= got.status < 300 or got.status in (404, 410)):
+            raise DownloadRefused(f"{what}: the provider no longer holds them: {said}"[:500])
+        raise DownloadError(f"{what}: fresh links could not be read: {said}"[:500])
+
+    return refresh
+
+
 def _disk_error(exc: OSError, path: Path) -> DiskError:
     reason = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
               errno.EFBIG: "the file is larger than this system allows",
@@ -118,13 +155,17 @@ class Downloader:
                  connect_timeout_s: float = 15.0, read_timeout_s: float = 60.0,
                  max_connections: int = 8,
                  resolver: AbstractResolver | None = None,
-                 inline_fetch: InlineFetch | None = None) -> None:
+                 inline_fetch: InlineFetch | None = None,
+                 fresh_media: MediaRefresh | None = None) -> None:
         """`policy`: which URLs of which account may be fetched, and the limits (none given:
         https:// to public addresses only, default limits); `resolver`: an aiohttp resolver
         to resolve names with (its answers are still checked); `inline_fetch`: what reads an
-        `inline:{n}` video's bytes (`inline_fetcher`; None: such a video is refused)."""
+        `inline:{n}` video's bytes (`inline_fetcher`; None: such a video is refused);
+        `fresh_media`: what reads a job's signed media links again just before its download
+        (`media_refresher`; None: stored links are fetched as they are)."""
         self.directory = Path(directory).absolute()
         self._inline_fetch = inline_fetch
+        self._fresh_media = fresh_media
         # the bytes as stored: a transparently decompressed body would never match its
         # Content-Length, a Range offset counts stored bytes, and so does the size limit
         self._guard = FetchGuard(policy, connect_timeout_s=connect_timeout_s,
@@ -182,8 +223,27 @@ class Downloader:
         # an inline video is named as a file URL without a plain name is: `<n>-video.mp4`
         named = ["inline:video.mp4" if url.startswith(INLINE_PREFIX) else url for url in urls]
         try:
-            return [await self._one(account, job_id, url, dirs, folder, file_name)
-                    for url, file_name in zip(urls, file_names(named), strict=True)]
+            fresh = (await self._fresh_media(account, job_id)
+                     if self._fresh_media is not None else None)
+            if fresh is None:
+                return [await self._one(account, job_id, url, dirs, folder, file_name)
+                        for url, file_name in zip(urls, file_names(named), strict=True)]
+            # links signed anew by this read (never stored): named by their paths, and read
+            # once more for a link that expired meanwhile
+            files = []
+            for index, file_name in enumerate(file_names(fresh)):
+                try:
+                    files.append(await self._one(account, job_id, fresh[index], dirs, folder,
+                                                 file_name))
+                except UrlExpired:
+                    again = await self._fresh_media(account, job_id)  # type: ignore[misc]
+                    if again is None or len(again) != len(fresh):
+                        raise DownloadError(f"the media of job {job_id[:120]} changed between "
+                                            "two reads; starting over") from None
+                    fresh = again
+                    files.append(await self._one(account, job_id, fresh[index], dirs, folder,
+                                                 file_name))
+            return files
         except (DownloadRefused, UrlExpired):
             await asyncio.to_thread(_remove_if_empty, dirs.base, name)
             raise

@@ -560,7 +560,8 @@ def decide_submit(intent: ClaimedIntent, answer: HttpAnswer, now: datetime, poli
         if job_id is None:
             return retry(ErrorClass.MALFORMED, f"HTTP {status} without a usable job id")
         created_handle = getattr(rules, "created_handle", None)  # optional (providers/base.py)
-        handle = created_handle(body) if callable(created_handle) and body is not None else None
+        handle = (created_handle(body, intent.model) if callable(created_handle)
+                  and body is not None else None)
         return SubmitOutcome(intent.key, intent.claim_token, SUBMITTED, job_id=job_id,
                              http_status=status, request_id=request_id,
                              handle=handle if isinstance(handle, dict) and handle else None)
@@ -659,16 +660,20 @@ RESET_EPOCH_THRESHOLD = 1_000_000_000
 """A RateLimit-Reset larger than this is a Unix time (as some APIs send), not seconds."""
 
 
-def server_pause_s(answer: HttpAnswer, now: datetime, policy: PollPolicy) -> float | None:
+def server_pause_s(answer: HttpAnswer, now: datetime, policy: PollPolicy, *,
+                   named_only: bool = False) -> float | None:
     """How long the server asked every caller with this key to stop, if it did.
 
-    A 429 pauses for its Retry-After (else the backoff base); any answer whose
-    `RateLimit-Remaining` is 0 pauses until its `RateLimit-Reset`. None: no pause asked.
+    A 429 pauses for its Retry-After (else its `RateLimit-Reset`, else the backoff base;
+    `named_only`: else None); any answer whose `RateLimit-Remaining` is 0 pauses until its
+    `RateLimit-Reset`. None: no pause asked.
     """
     if answer.status == 429:
         hinted = parse_retry_after(answer.retry_after, now)
         if hinted is None:
             hinted = _reset_seconds(answer.ratelimit_reset, now)
+        if hinted is None and named_only:
+            return None
         return min(policy.max_poll_s, hinted if hinted is not None else policy.backoff_base_s)
     remaining = answer.ratelimit_remaining
     if remaining is None:

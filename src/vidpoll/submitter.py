@@ -20,8 +20,8 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -58,7 +58,7 @@ from vidpoll.policy import (
     probe_verdict,
     server_pause_s,
 )
-from vidpoll.providers.base import Rules
+from vidpoll.providers.base import CreatedPage, CreateLookup, Rules
 from vidpoll.reconcile import Lookups, Wanted
 from vidpoll.runner import (
     DB_BACKOFF_MAX_S,
@@ -86,6 +86,13 @@ WAKE_CHANNELS = ("vidpoll_intents", "vidpoll_job_done")
 LOOKBACK_S = 3600.0
 """How far back a look-up searches for an intent parked before its window was recorded (by a
 release before 0015): the providers' records keep inputs about an hour."""
+CREATE_PAUSE_MAX_S = 86400.0
+"""The longest a 429 on a create holds the account's creates when it names its reset: a
+daily cap (Runway's) resets hours away, and every create sent before then is refused."""
+CREATE_429_PAUSE_MAX_S = 3600.0
+"""A create 429 that names no wait holds the account's creates for the backoff base (2 s),
+each one in a row after it twice as long, up to this (a cap that does not say when it resets,
+Runway's daily one, is tried about once an hour after a dozen refusals, never in a storm)."""
 RECONCILE_RETRY_MAX_S = 5.0
 """The longest a failed look-up waits before the next (unless the provider names a longer
 wait): the walk already retried each page in place, and the provider's records of inputs
@@ -243,6 +250,8 @@ class Submitter(Runner):
         # accounts whose creates something other than the provider answers: paused until a status
         # read (never a POST) reaches the provider again
         self._misroutes: dict[str, _CreateMisroute] = {}
+        # creates answered 429 in a row, by account (a cap that names no reset: longer holds)
+        self._create_429s: dict[str, int] = {}
         self.lookups = Lookups(self._rng, on_calls=self._count_list_calls)
         self._looking = 0
         """Look-ups in flight (counted in `_inflight` too, but taking no POST slot)."""
@@ -435,7 +444,7 @@ class Submitter(Runner):
         creator = self.creators.get(intent.account)
         return bool(creator is not None and creator.rules.idempotency_header is None
                     and (intent.unsettled or intent.state == UNKNOWN)
-                    and callable(getattr(creator, "list_created", None)))
+                    and can_look_up(creator))
 
     async def _send_and_count(self, intent: ClaimedIntent, claimed_at: float,
                               looking: bool = False) -> None:
@@ -472,7 +481,7 @@ class Submitter(Runner):
             # the provider's own records settle it, or an operator does; never a blind re-send
             # (unless the account chose one, for a provider with no records to look in)
             if not (intent.account in cfg.resend_unknown
-                    and not callable(getattr(creator, "list_created", None))
+                    and not can_look_up(creator)
                     and intent.state != UNKNOWN):
                 # the walk stops in time for its answer to land within the lease
                 started = claimed_at if claimed_at is not None else loop.time()
@@ -495,7 +504,7 @@ class Submitter(Runner):
             log.exception("intent %s: create call raised", intent.key)
             answer = HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
                                 detail=type(exc).__name__)
-        pause = server_pause_s(answer, self._clock(), cfg.policy)
+        pause = self._create_pause_s(intent.account, answer)
         if pause is not None and (answer.status == 429 or intent.account not in cfg.budgets):
             # as for reads: "Remaining: 0" pauses only an account the fleet does not pace
             # the fleet stops creating for this account until the server's reset
@@ -520,6 +529,28 @@ class Submitter(Runner):
         await self._record(decision, intent.account)
         return decision
 
+    def _create_pause_s(self, account: str, answer: HttpAnswer) -> float | None:
+        """How long the fleet holds `account`'s creates after this answer (None: not at all).
+
+        A 429 on a create is a cap (Runway's daily one, or a rate): held until the reset it
+        names, up to CREATE_PAUSE_MAX_S; one that names none holds the backoff base (2 s),
+        then twice as long for each 429 in a row, up to an hour; never a retry storm."""
+        now = self._clock()
+        if answer.status != 429:
+            if answer.status is not None and 200 <= answer.status < 300:
+                self._create_429s.pop(account, None)
+            return server_pause_s(answer, now, self.config.policy)
+        hinted = parse_retry_after(answer.retry_after, now)
+        if hinted is None:
+            hinted = server_pause_s(answer, now, replace(self.config.policy,
+                                                         max_poll_s=CREATE_PAUSE_MAX_S),
+                                    named_only=True)
+        in_row = self._create_429s[account] = self._create_429s.get(account, 0) + 1
+        if hinted is not None:
+            return min(CREATE_PAUSE_MAX_S, float(hinted))
+        return min(CREATE_429_PAUSE_MAX_S,
+                   self.config.policy.backoff_base_s * 2.0 ** min(in_row - 1, 16))
+
     async def _reconcile(self, intent: ClaimedIntent, creator: VideoCreator,
                          deadline: float = float("inf")) -> SubmitOutcome:
         """Settle a create whose outcome is unknown from the provider's own records (a provider
@@ -537,7 +568,7 @@ class Submitter(Runner):
                                        f"idempotency key): settle it with `vidpoll intents "
                                        f"resolve {key} --job-id ID | --not-billed`")
 
-        if not callable(getattr(creator, "list_created", None)):
+        if not can_look_up(creator):
             return park("an earlier create's outcome is unknown and this provider's records "
                         "cannot be searched")
         now = self._clock()
@@ -558,8 +589,11 @@ class Submitter(Runner):
         recorded_by = sent_by + timedelta(seconds=policy.reconcile_settle_s)
         wanted = Wanted(key, intent.payload, intent.model, window_from - skew,
                         recorded_by + skew, recorded_by)
-        lookup = await self.lookups.find(intent.account, creator, creator.rules,  # type: ignore[arg-type]
-                                         wanted, deadline)
+        finder = getattr(creator, "find_created", None)
+        lookup = (await self._find_by_key(intent, finder) if callable(finder)
+                  else await self.lookups.find(intent.account, creator,  # type: ignore[arg-type]
+                                               creator.rules,  # type: ignore[arg-type]
+                                               wanted, deadline))
         if not lookup.complete:
             failure = lookup.failure
             status = failure.status if failure is not None else None
@@ -616,6 +650,29 @@ class Submitter(Runner):
         shown = ", ".join([*matches, *unsure][:5])
         return park(f"the provider's records hold {len(matches)} job(s) of this exact input "
                     f"and {len(unsure)} whose input can no longer be compared ({shown})")
+
+    async def _find_by_key(self, intent: ClaimedIntent,
+                           finder: Callable[..., Awaitable[CreatedPage]]) -> CreateLookup:
+        """Look the intent's create up by the id the provider keeps for the key it was sent
+        with (Kling's `external_task_id`): one read, no list, no input to compare."""
+        try:
+            page = await finder(intent.model, intent.key)
+        except Exception as exc:  # the client promises pages; be safe anyway
+            log.exception("intent %s: the look-up by key raised", intent.key)
+            page = CreatedPage(failure=HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
+                                                  detail=type(exc).__name__),
+                               detail=f"the look-up raised {type(exc).__name__}")
+        self._count_list_calls(intent.account, page.calls)
+        if page.failure is not None or page.detail:
+            return CreateLookup(False, calls=page.calls, failure=page.failure,
+                                detail=page.detail or "the look-up failed")
+        found = tuple(c.job_id for c in page.entries if c.job_id is not None)
+        if len(found) < len(page.entries):  # listed without an id: nothing is proven
+            return CreateLookup(False, calls=page.calls,
+                                detail="the provider lists the key's create without an id")
+        return CreateLookup(True, matches=found, calls=page.calls,
+                            handles={c.job_id: c.handle for c in page.entries
+                                     if c.job_id is not None and c.handle})
 
     def _count_list_calls(self, account: str, calls: int) -> None:
         self.stats.list_calls += calls
@@ -847,6 +904,14 @@ class Submitter(Runner):
     def _notifications(self) -> AsyncIterator[Notice]:
         # new or re-queued intents, and finished jobs (a slot under the cap frees up)
         return self.store.notifications(WAKE_CHANNELS)
+
+
+def can_look_up(creator: object) -> bool:
+    """Whether a provider's records can settle an unknown create: a list of its creates to
+    search (`list_created`), or a look-up by the id it keeps for the create's key
+    (`find_created`)."""
+    return (callable(getattr(creator, "list_created", None))
+            or callable(getattr(creator, "find_created", None)))
 
 
 async def submit_now(store: IntentStore, creator: VideoCreator, config: SubmitterConfig,

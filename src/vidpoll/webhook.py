@@ -25,15 +25,24 @@ MAX_BODY_BYTES = 256 * 1024
 REJECT_LOG_EVERY_S = 60.0
 """At most one log line per rejection reason this often: anyone can send refused deliveries."""
 
+UNSIGNED_PER_SOURCE = (50.0, 10.0)
+"""Deliveries of a provider that signs none (Luma's callbacks) taken from one source
+address: a burst of 50, then 10 a second. Each is only a hint (the job is read now), but
+anyone can send one, and each costs a database write."""
+MAX_SOURCES = 10_000
+"""Source addresses `SourceLimiter` keeps a bucket for (the oldest is forgotten first)."""
+
 RejectReason = Literal["unsigned", "timestamp", "signature", "too_large", "malformed",
-                       "unknown_provider"]
+                       "unknown_provider", "rate_limited"]
 REJECT_REASONS: tuple[RejectReason, ...] = (
-    "unsigned", "timestamp", "signature", "too_large", "malformed", "unknown_provider")
+    "unsigned", "timestamp", "signature", "too_large", "malformed", "unknown_provider",
+    "rate_limited")
 """Why a delivery was refused, the label values of vidpoll_webhooks_rejected_total (a fixed
 set: nothing a caller sends becomes a label). unsigned: no timestamp or signature header;
 timestamp: not a number or outside the replay window; signature: no signature matches;
 too_large: a body over MAX_BODY_BYTES; malformed: signed, but without an event id or job id;
-unknown_provider: the path names no provider this server takes webhooks for."""
+unknown_provider: the path names no provider this server takes webhooks for; rate_limited: an
+unsigned provider's delivery from a source that sent more than UNSIGNED_PER_SOURCE allows."""
 
 
 class WebhookRejected(Exception):
@@ -70,3 +79,29 @@ class LogSampler:
             return None
         self._last[key] = now
         return self._held.pop(key, 0)
+
+
+class SourceLimiter:
+    """A token bucket per source address (`burst`, refilled at `per_s` a second), for the
+    deliveries of a provider that signs none: at most `max_sources` buckets, the least
+    recently used forgotten first (a forgotten source starts full again)."""
+
+    def __init__(self, burst: float = UNSIGNED_PER_SOURCE[0],
+                 per_s: float = UNSIGNED_PER_SOURCE[1], max_sources: int = MAX_SOURCES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._burst = burst
+        self._per_s = per_s
+        self._max = max_sources
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def admit(self, source: str) -> bool:
+        """Whether one more delivery from `source` is taken now (it spends a token)."""
+        now = self._clock()
+        tokens, at = self._buckets.pop(source, (self._burst, now))
+        tokens = min(self._burst, tokens + (now - at) * self._per_s)
+        admitted = tokens >= 1.0
+        self._buckets[source] = (tokens - 1.0 if admitted else tokens, now)  # most recent last
+        while len(self._buckets) > self._max:
+            del self._buckets[next(iter(self._buckets))]
+        return admitted

@@ -90,8 +90,8 @@ def serve_cmd(host: str, port: int, metrics_port: int | None, metrics_host: str)
             # said once the settings, the database and the port are known good: a command
             # that cannot start says one line, its error
             for name, got in sorted(secrets.items()):
-                if not got:
-                    found = registry.load(name)
+                found = registry.load(name)
+                if not got and getattr(found.webhooks, "signed", True):
                     _stderr(f"warning: no {found.title} webhook secret is set (webhook_secret_env "
                             f"in the accounts file, or {found.env_prefix}_WEBHOOK_SECRET); "
                             f"/webhooks/{name} answers 503")

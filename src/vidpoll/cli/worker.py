@@ -112,7 +112,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
     from vidpoll.accounts import client_for
     from vidpoll.config import DEFAULT_LEASE_MARGIN_S
     from vidpoll.deliver import Deliverer, DeliveryConfig
-    from vidpoll.download import Downloader, inline_fetcher
+    from vidpoll.download import Downloader, inline_fetcher, media_refresher
     from vidpoll.models import ClaimMode
     from vidpoll.runner import default_worker_id
     from vidpoll.store import POLLS, SUBMITS, Serves
@@ -218,7 +218,8 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                             {a: c.media_headers() for a, c in clients.items()},
                             {a: c.media_auth_hosts() for a, c in clients.items()},
                             max_connections=delivery_concurrency,
-                            inline_fetch=inline_fetcher(clients)))
+                            inline_fetch=inline_fetcher(clients),
+                            fresh_media=media_refresher(clients)))
                     deliverer = Deliverer(store, DeliveryConfig(
                         hooks=hooks, concurrency=delivery_concurrency,
                         hook_timeout_s=hook_timeout, lease_s=lease_s, drain=drain,

@@ -31,10 +31,21 @@ Optional members, looked up with getattr (a provider without them loses nothing)
 provider, checked before the intent is recorded);
 `Rules.result_problem(result) -> str | None` (why a succeeded job's media can never be
 downloaded, e.g. the provider deleted them: the download fails at once with that reason
-instead of retrying); `Rules.created_handle(body) -> dict | None` (what a 2xx answer to a
-create holds beyond the job id that later reads must use, e.g. fal's status and result URLs:
-stored with the job (`video_jobs.handle`) and passed to `Client.read_status` /
-`read_result` as `handle`); `Webhooks.secret_problem(secret) -> str | None` (why a configured
+instead of retrying); `Rules.created_handle(body, model) -> dict | None` (what a 2xx answer
+to a create, with the intent's model, holds beyond the job id that later reads must use, e.g.
+fal's status and result URLs, Kling's endpoint: stored with the job (`video_jobs.handle`) and
+passed to `Client.read_status` / `read_result` as `handle`);
+`Rules.payload_problem(payload, model) -> str | None` (why a request body cannot be sent for
+that model: Luma's body naming another model; checked before the intent is recorded);
+`Client.find_created(model, key) -> CreatedPage` (the create made with an intent's key, looked
+up by the id the provider keeps for it, Kling's `external_task_id`: one entry when found, none
+when the provider says there is none; an unknown create is then adopted or sent again with
+the same key); `Client.fresh_media(job_id, handle) -> list[str] | HttpAnswer` (a job's media
+URLs read again just before a download, signed query strings and all, never stored: Runway's
+expire within a day or two and each read of the task signs them anew);
+`Webhooks.signed` (False: the provider's deliveries carry no signature, Luma's callbacks;
+served without a secret, rate-limited per source, only ever a hint);
+`Webhooks.secret_problem(secret) -> str | None` (why a configured
 webhook secret cannot be the provider's: `serve` refuses to start, never showing it);
 `Webhooks.account_secret(webhook_secret, options) -> str` (what `serve` verifies an account's
 deliveries with in place of its webhook secret: fal's JWKS URL, from the account's `jwks_url`);
@@ -309,7 +320,10 @@ class ProviderOptions:
     """Where the provider should call when a job ends (creates ask for it)."""
     extra: Mapping[str, str] = field(default_factory=dict)
     """The provider's own account fields (`Provider.account_options`), checked, with their
-    defaults filled in."""
+    defaults filled in (a `secret_env` field: the variable's name)."""
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """By `secret_env` field (Kling's `secret_key_env`): the value of the variable it names,
+    empty when unset. Redacted from logs like the key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,10 +331,12 @@ class AccountOption:
     """A field an account of one provider may set in the accounts file besides the common
     ones (`platform_url` for fal, `project` for Vertex AI): checked when the file is read."""
 
-    kind: Literal["url", "text", "path", "seconds"]
+    kind: Literal["url", "text", "path", "seconds", "secret_env"]
     """`url`: checked as a base URL is (https, or http to loopback); `text`: a short
     printable word (no `/`, no spaces); `path`: a file that must exist and be readable;
-    `seconds`: a number from 1 to 86400, kept as its text (`"600"`)."""
+    `seconds`: a number from 1 to 86400, kept as its text (`"600"`); `secret_env`: the name
+    of an environment variable holding a second secret (Kling's secret key), whose value the
+    client gets in `ProviderOptions.secrets`."""
     default: str | None = None
     """None: required (an account without it is refused, naming the field); "": optional,
     absent unless set."""

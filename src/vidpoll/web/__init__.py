@@ -19,7 +19,7 @@ from vidpoll.errors import DatabaseUnavailable, SchemaError
 from vidpoll.providers import registry
 from vidpoll.providers.registry import DEFAULT_PROVIDER
 from vidpoll.store import PgStore
-from vidpoll.web.dashboard import FailureLimiter, Guard, setup_dashboard
+from vidpoll.web.dashboard import FailureLimiter, Guard, client_of, setup_dashboard
 from vidpoll.web.figures import TableFigures, read_figures
 from vidpoll.web.webhooks import PRUNE_EVERY_S, WebhookSecrets, secrets_of, setup_webhooks
 from vidpoll.webhook import DEFAULT_TOLERANCE_S, MAX_BODY_BYTES, REJECT_LOG_EVERY_S
@@ -87,7 +87,8 @@ def make_app(store: PgStore, webhook_secrets: WebhookSecrets | str | None,
         webhook_secrets = {DEFAULT_PROVIDER: webhook_secrets}
     setup_webhooks(app, store, webhook_secrets, tolerance_s=tolerance_s, clock=clock,
                    retention_s=webhook_events_retention_s,
-                   prune_every_s=webhook_prune_every_s, log_every_s=webhook_log_every_s)
+                   prune_every_s=webhook_prune_every_s, log_every_s=webhook_log_every_s,
+                   source_of=lambda request: client_of(request, trusted_proxies))
     guard = Guard(dashboard_token, loopback_only, sessions=store, metrics_token=metrics_token,
                   limiter=limiter, metrics_limiter=metrics_limiter,
                   trusted_proxies=trusted_proxies)

@@ -43,6 +43,7 @@ from vidpoll.webhook import (
     REJECT_REASONS,
     LogSampler,
     RejectReason,
+    SourceLimiter,
     WebhookRejected,
 )
 
@@ -142,6 +143,9 @@ class _Served:
     secrets: tuple[str, ...]
     unset: str
     """The 503's error while it has no secret (the setting that would give one)."""
+    signed: bool = True
+    """False: the provider signs no delivery (Luma): served without a secret, each source
+    rate-limited, every delivery only ever a hint."""
 
 
 def served_providers(secrets: WebhookSecrets) -> dict[str, _Served]:
@@ -164,9 +168,13 @@ def served_providers(secrets: WebhookSecrets) -> dict[str, _Served]:
                 raise ConfigError(f"the webhook secret given for {provider.title} {why}")
         # the 503's words name both places a secret is set: an account in the file names
         # its variable with webhook_secret_env (the prefix's variable serves the others)
+        signed = bool(getattr(hooks, "signed", True))  # optional (providers/base.py)
+        if own and not signed:
+            raise ConfigError(f"{provider.title} signs no webhook delivery, but a webhook "
+                              "secret was given for it (leave webhook_secret_env out)")
         served[name] = _Served(hooks, own, f"no {provider.title} webhook secret is set "
                                            f"(webhook_secret_env in the accounts file, or "
-                                           f"{provider.env_prefix}_WEBHOOK_SECRET)")
+                                           f"{provider.env_prefix}_WEBHOOK_SECRET)", signed)
     return served
 
 
@@ -215,13 +223,19 @@ def setup_webhooks(app: web.Application, store: PgStore, secrets: WebhookSecrets
                    clock: Callable[[], float] = time.time,
                    retention_s: float | None = None,
                    prune_every_s: float = PRUNE_EVERY_S,
-                   log_every_s: float = REJECT_LOG_EVERY_S) -> WebhookEventPruner | None:
+                   log_every_s: float = REJECT_LOG_EVERY_S,
+                   source_of: Callable[[web.Request], str] | None = None,
+                   sources: SourceLimiter | None = None) -> WebhookEventPruner | None:
     """Add POST /webhooks/{provider} to `app` for each provider `secrets` names (503 for one
     without a secret; 404 for any other name) and, with a secret and a retention
     (`retention_s` as retention_in_force reads it), the pruner (app[WEBHOOK_PRUNER]), started
-    and stopped with the app; returns the pruner. ConfigError as served_providers says."""
+    and stopped with the app; returns the pruner. ConfigError as served_providers says.
+    `source_of`: the address a delivery came from (behind trusted proxies, the client they
+    name; default the peer), for `sources`, the per-source budget of unsigned providers."""
     providers = served_providers(secrets)
     sampler = LogSampler(log_every_s)
+    limiter = sources if sources is not None else SourceLimiter()
+    source = source_of if source_of is not None else (lambda r: r.remote or "-")
     for reason in REJECT_REASONS:  # every reason exported from the start, at 0
         metrics.WEBHOOKS_REJECTED.labels(reason)
 
@@ -240,8 +254,11 @@ def setup_webhooks(app: web.Application, store: PgStore, secrets: WebhookSecrets
         if served is None:  # the name is the caller's: never logged
             return refuse("unknown_provider", "no provider of that name takes webhooks here",
                           404, "no such webhook")
-        if not served.secrets:
+        if not served.secrets and served.signed:
             return web.json_response({"error": served.unset}, status=503)
+        if not served.signed and not limiter.admit(source(request)):
+            return refuse("rate_limited", "too many unsigned deliveries from one source",
+                          429, "too many deliveries")
         too_large = f"body larger than {MAX_BODY_BYTES} bytes"
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
             # refused on its header, never read into memory (aiohttp discards what follows
@@ -253,8 +270,11 @@ def setup_webhooks(app: web.Application, store: PgStore, secrets: WebhookSecrets
         except web.HTTPRequestEntityTooLarge:
             return refuse("too_large", "chunked body cut off at the limit", 413, too_large)
         try:
-            hint = await verify_fresh(served.webhooks, served.secrets, request.headers, body,
-                                      clock, tolerance_s)
+            hint = (await verify_fresh(served.webhooks, served.secrets, request.headers, body,
+                                       clock, tolerance_s) if served.signed
+                    # nothing to check it with: only the job id is read, to read that job now
+                    else served.webhooks.verify(request.headers, body, "", clock(),
+                                                tolerance_s))
         except WebhookRejected as exc:
             if exc.reason == "malformed":  # signed: the sender may hear what is missing
                 return refuse(exc.reason, str(exc), 400, str(exc))
@@ -276,7 +296,7 @@ def setup_webhooks(app: web.Application, store: PgStore, secrets: WebhookSecrets
 
     app.router.add_post("/webhooks/{provider}", webhook)
     older_than_s = retention_in_force(retention_s, tolerance_s)
-    if not any(p.secrets for p in providers.values()) or older_than_s is None:
+    if not any(p.secrets or not p.signed for p in providers.values()) or older_than_s is None:
         return None
     pruner = app[WEBHOOK_PRUNER] = WebhookEventPruner(store, older_than_s, prune_every_s)
 

@@ -222,7 +222,8 @@ class FalRules:
         except InvalidJobId:
             return None
 
-    def created_handle(self, body: dict[str, Any] | None) -> dict[str, Any] | None:
+    def created_handle(self, body: dict[str, Any] | None,
+                       model: str | None = None) -> dict[str, Any] | None:
         """The create answer's `status_url`, `response_url` and `cancel_url` (the strings as
         sent; the client checks each before using it); None when it holds none."""
         if not isinstance(body, dict):
