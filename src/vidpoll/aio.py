@@ -22,3 +22,17 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
         await asyncio.wait([task])  # raises only if the caller itself is cancelled
     if not task.cancelled():
         task.result()  # what it ended with instead, if anything
+
+
+async def wait_event(event: asyncio.Event, seconds: float) -> bool:
+    """Wait until `event` is set, at most `seconds`; whether it was set.
+
+    Not `asyncio.wait_for(event.wait(), seconds)`: on Python 3.11 that loses a cancellation
+    arriving in the same turn of the loop as the event (CPython gh-86296), and a loop that
+    sleeps this way then ignores its stop (seen: a cancelled submitter sending on)."""
+    try:
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

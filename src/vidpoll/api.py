@@ -34,7 +34,7 @@ from vidpoll.accounts import (
     provider_of,
     title_of,
 )
-from vidpoll.aio import cancel_and_wait
+from vidpoll.aio import cancel_and_wait, wait_event
 from vidpoll.config import Settings
 from vidpoll.deliver import Deliverer, DeliveryConfig, DeliveryStore, Hook, hook_name
 from vidpoll.download import Downloader, inline_fetcher, media_refresher
@@ -437,8 +437,7 @@ class Vidpoll:
         try:
             async with asyncio.timeout(timeout):
                 # LISTEN first, then read: a change between the two is never missed
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(listening.wait(), WAIT_FALLBACK_S)
+                await wait_event(listening, WAIT_FALLBACK_S)
                 while True:
                     woken.clear()
                     if job_id is None:
@@ -461,8 +460,7 @@ class Vidpoll:
                         if job.result_settled if with_result else job.is_final:
                             return job
                         await watch.check(job.account, POLLS, f"job {job_id}")
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(woken.wait(), WAIT_FALLBACK_S)
+                    await wait_event(woken, WAIT_FALLBACK_S)
         except TimeoutError:
             assert timeout is not None
             raise TimeoutError(f"{_named(seen['job_id'], seen['key'])} is not final after "

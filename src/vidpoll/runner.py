@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from vidpoll import metrics
+from vidpoll.aio import wait_event
 from vidpoll.config import key_variable
 from vidpoll.errors import ConfigError, DatabaseUnavailable
 from vidpoll.metrics import Minutes
@@ -227,11 +228,7 @@ class Runner:
         out without a wake-up."""
         if seconds <= 0 or self._stopping.is_set():
             return True
-        try:
-            await asyncio.wait_for(self._wake.wait(), seconds)
-        except TimeoutError:
-            return False
-        return True
+        return await wait_event(self._wake, seconds)
 
     def _take_notified(self) -> bool:
         """Whether a NOTIFY arrived since the last call."""

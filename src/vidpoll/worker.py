@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Protocol
 
 from vidpoll import metrics
-from vidpoll.aio import cancel_and_wait
+from vidpoll.aio import cancel_and_wait, wait_event
 from vidpoll.errors import DatabaseUnavailable
 from vidpoll.logs import event
 from vidpoll.models import (
@@ -494,8 +494,8 @@ class Worker(Runner):
             with contextlib.suppress(DatabaseUnavailable):  # only a hint
                 await self.store.announce_drained(payload)
             await asyncio.sleep(1.0)  # at most one a second, whoever asks
-            with contextlib.suppress(TimeoutError):  # a newcomer asks for one sooner
-                await asyncio.wait_for(self._presence_due.wait(), PRESENCE_EVERY_S - 1.0)
+            # a newcomer asks for one sooner
+            await wait_event(self._presence_due, PRESENCE_EVERY_S - 1.0)
 
     def _stagger_ends(self) -> None:
         self._stagger = None

@@ -179,3 +179,42 @@ async def test_a_secret_for_no_provider_or_for_one_without_webhooks_is_refused_a
         make_app(store, {"nope": "x"})
     with pytest.raises(ConfigError, match="'quiet' has no webhooks"):
         make_app(store, {"quiet": "x"})
+
+
+LUMA_ID = "0f3c2a1e-5b7d-4e8f-9a0b-1c2d3e4f5a6b"
+
+
+async def test_lumas_unsigned_callbacks_are_served_without_a_secret_only_as_a_hint(store):
+    from aiohttp import web
+
+    from vidpoll.web.webhooks import setup_webhooks
+    from vidpoll.webhook import SourceLimiter
+
+    await store.add_job(LUMA_ID, delay_s=3600)
+    app = web.Application()
+    setup_webhooks(app, store, {"luma": None}, sources=SourceLimiter(burst=3, per_s=0.001))
+    runner, url = await start_server(app, "127.0.0.1", 0)
+    try:
+        hook = f"{url}/webhooks/luma"
+        # the whole Generation, as Luma sends it; only the id is read: no state is taken
+        body = json.dumps({"id": LUMA_ID, "state": "completed",
+                           "assets": {"video": "https://evil.example/x.mp4"}}).encode()
+        assert await post(hook, body, {}) == (200, {"status": "poked", "made_due": True})
+        assert await due_in_s(store, LUMA_ID) <= 0.5
+        row = await store.get_job(LUMA_ID)
+        assert row is not None and row["state"] == "pending" and row["result"] is None
+        assert await post(hook, body, {}) == (200, {"status": "duplicate"})  # Luma's retry
+        before = rejected("malformed")
+        assert (await post(hook, b'{"id": "../etc"}', {}))[0] == 400
+        assert rejected("malformed") == before + 1
+        # a fourth delivery from one source past its burst of three is refused, unread
+        limited = rejected("rate_limited")
+        assert await post(hook, body, {}) == (429, {"error": "too many deliveries"})
+        assert rejected("rate_limited") == limited + 1
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_secret_given_for_lumas_unsigned_callbacks_is_refused_at_start(store):
+    with pytest.raises(ConfigError, match="Luma signs no webhook delivery"):
+        make_app(store, {"luma": "whsec-x"})

@@ -48,3 +48,23 @@ async def test_the_helpers_own_cancellation_is_not_raised_but_its_error_is() -> 
     with pytest.raises(RuntimeError, match="broke while stopping"):
         await cancel_and_wait(broken)  # ended already: still what it ended with
     await cancel_and_wait(None)
+
+
+async def test_a_cancel_arriving_with_the_wake_up_is_never_lost():
+    # asyncio.wait_for(event.wait(), t) on Python 3.11 returns normally when the event is set
+    # and the waiter cancelled in the same turn of the loop (CPython gh-86296): a loop
+    # sleeping so then ignores its stop. wait_event must end cancelled every time.
+    from vidpoll.aio import wait_event
+
+    for _ in range(50):
+        event = asyncio.Event()
+        task = asyncio.create_task(wait_event(event, 30.0))
+        await asyncio.sleep(0)  # the task now waits on the event
+        event.set()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert await wait_event(asyncio.Event(), 0.01) is False
+    done = asyncio.Event()
+    done.set()
+    assert await wait_event(done, 5.0) is True

@@ -105,3 +105,48 @@ def test_a_vertex_account_names_no_key_variable_and_its_key_files_path_is_no_sec
     found = settings(tmp_path, body + '[accounts.veo]\nprovider = "veo"\napi_key_env = "K"\n',
                      K=SECRET)
     assert found.secrets() == [SECRET]
+
+
+KLING_SECRET = "kling-secret-not-real-0123456789abcdef"
+
+
+def test_a_kling_account_names_both_key_variables_and_its_secret_is_redacted(tmp_path):
+    found = settings(tmp_path, '[accounts.kl]\nprovider = "kling"\napi_key_env = "KLING_AK"\n'
+                               'secret_key_env = "KLING_SK"\n',
+                     KLING_AK=SECRET, KLING_SK=KLING_SECRET)
+    kl = found.accounts["kl"]
+    assert kl.api_key == SECRET and kl.options == {"secret_key_env": "KLING_SK"}
+    assert kl.option_secrets == {"secret_key_env": KLING_SECRET}
+    assert kl.base_url == "https://api-singapore.klingai.com"
+    assert KLING_SECRET in found.secrets() and SECRET in found.secrets()
+    assert KLING_SECRET not in repr(kl)
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    ('api_key_env = "KLING_AK"\n', "secret_key_env: missing"),
+    (f'api_key_env = "KLING_AK"\nsecret_key_env = "{KLING_SECRET}"\n',
+     "secret_key_env: is not an environment variable's name"),
+    ('api_key_env = "KLING_AK"\nsecret_key_env = 5\n', "secret_key_env: must be"),
+])
+def test_a_bad_kling_secret_key_field_is_one_line_never_showing_a_value(tmp_path, body, said):
+    message = refusal(tmp_path, f'[accounts.kl]\nprovider = "kling"\n{body}',
+                      KLING_AK=SECRET, KLING_SK=KLING_SECRET)
+    assert said in message and KLING_SECRET not in message, message
+
+
+def test_an_unset_kling_secret_variable_leaves_the_account_unable_to_sign(tmp_path):
+    found = settings(tmp_path, '[accounts.kl]\nprovider = "kling"\napi_key_env = "KLING_AK"\n'
+                               'secret_key_env = "KLING_SK"\n', KLING_AK=SECRET)
+    assert found.accounts["kl"].option_secrets == {"secret_key_env": ""}
+
+
+def test_the_kling_client_gets_the_secret_keys_value_from_the_file_account(tmp_path):
+    from vidpoll.accounts import client_for
+
+    text = ('[accounts.kl]\nprovider = "kling"\napi_key_env = "KLING_AK"\n'
+            'secret_key_env = "KLING_SK"\n')
+    signing = client_for(settings(tmp_path, text, KLING_AK=SECRET, KLING_SK=KLING_SECRET), "kl")
+    assert signing._keys_problem() is None  # type: ignore[attr-defined]
+    unset = client_for(settings(tmp_path, text, KLING_AK=SECRET), "kl")
+    problem = unset._keys_problem()  # type: ignore[attr-defined]
+    assert problem is not None and "KLING_SK" in problem

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from vidpoll.providers.base import WebhookHint
 from vidpoll.providers.sume.webhooks import WEBHOOKS, job_id_of, sign, verify_signature
-from vidpoll.webhook import REJECT_REASONS, LogSampler, WebhookRejected
+from vidpoll.webhook import REJECT_REASONS, LogSampler, SourceLimiter, WebhookRejected
 
 SECRET = "whsec-test"
 NOW = 1_800_000_000.0
@@ -138,3 +138,22 @@ def test_the_retention_serve_prunes_by_is_never_shorter_than_the_replay_window()
     assert retention_in_force(7200.0, 300.0) == 7200.0
     with pytest.raises(ConfigError, match="at least 600s"):
         retention_in_force(599.0, 300.0)
+
+
+def test_unsigned_deliveries_are_limited_per_source_with_a_burst_then_a_rate():
+    now = [0.0]
+    limiter = SourceLimiter(burst=3, per_s=2, max_sources=100, clock=lambda: now[0])
+    assert [limiter.admit("198.51.100.7") for _ in range(4)] == [True, True, True, False]
+    assert limiter.admit("203.0.113.9")  # another source has its own bucket
+    now[0] += 0.5  # one token back (2 a second)
+    assert limiter.admit("198.51.100.7") and not limiter.admit("198.51.100.7")
+    now[0] += 60  # refilled to the burst, never beyond
+    assert [limiter.admit("198.51.100.7") for _ in range(4)] == [True, True, True, False]
+
+
+def test_the_source_limiter_keeps_a_bounded_number_of_sources():
+    limiter = SourceLimiter(burst=1, per_s=0.001, max_sources=2, clock=lambda: 0.0)
+    assert limiter.admit("a") and not limiter.admit("a")
+    assert limiter.admit("b") and limiter.admit("c")  # "a", least recently seen, is forgotten
+    assert limiter.admit("a")  # ... so it starts full again, and the state stays at 2 sources
+    assert len(limiter._buckets) == 2
