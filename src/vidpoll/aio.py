@@ -36,3 +36,14 @@ async def wait_event(event: asyncio.Event, seconds: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+def honour_cancel() -> None:
+    """Raise CancelledError if the running task was cancelled but goes on (a library's
+    `asyncio.wait_for` on Python 3.11 can swallow the cancellation, CPython gh-86296:
+    psycopg_pool's wait for a connection is one; `Task.cancelling()` still counts it). The
+    loops call it each turn, so a cancelled loop ends at its next turn, whatever swallowed
+    the first CancelledError."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

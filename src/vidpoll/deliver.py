@@ -59,6 +59,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from vidpoll import metrics
+from vidpoll.aio import honour_cancel
 from vidpoll.config import HOOK_PATH_VARIABLE, hook_path
 from vidpoll.errors import (
     ConfigError,
@@ -487,6 +488,7 @@ class Deliverer(Runner):
         cfg = self.config
         db_failures = 0
         while not self._stopping.is_set():
+            honour_cancel()
             self._wake.clear()
             try:
                 claimed = await self._claim()

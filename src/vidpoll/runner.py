@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from vidpoll import metrics
-from vidpoll.aio import wait_event
+from vidpoll.aio import honour_cancel, wait_event
 from vidpoll.config import key_variable
 from vidpoll.errors import ConfigError, DatabaseUnavailable
 from vidpoll.metrics import Minutes
@@ -226,6 +226,7 @@ class Runner:
     async def _sleep(self, seconds: float) -> bool:
         """Sleep until `seconds` pass, a wake-up arrives, or stop(); False if the time ran
         out without a wake-up."""
+        honour_cancel()
         if seconds <= 0 or self._stopping.is_set():
             return True
         return await wait_event(self._wake, seconds)

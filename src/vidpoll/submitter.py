@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from vidpoll import metrics
-from vidpoll.aio import cancel_and_wait
+from vidpoll.aio import cancel_and_wait, honour_cancel
 from vidpoll.config import DEFAULT_FIRST_POLL_S, DEFAULT_MAX_ACTIVE
 from vidpoll.errors import DatabaseUnavailable
 from vidpoll.logs import event
@@ -295,6 +295,7 @@ class Submitter(Runner):
         # statement) before claiming (a claim takes the admission lock: a transaction more)
         probe_first = False
         while not self._stopping.is_set():
+            honour_cancel()
             self._wake.clear()
             notified = self._take_notified()
             paused_for = self._all_paused_for(cfg.accounts)

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Protocol
 
 from vidpoll import metrics
-from vidpoll.aio import cancel_and_wait, wait_event
+from vidpoll.aio import cancel_and_wait, honour_cancel, wait_event
 from vidpoll.errors import DatabaseUnavailable
 from vidpoll.logs import event
 from vidpoll.models import (
@@ -387,6 +387,7 @@ class Worker(Runner):
         # statement) before claiming, so an idle worker costs one statement per idle_max_s
         probe_first = False
         while not self._stopping.is_set():
+            honour_cancel()
             # cleared before every decision to sleep, so a wake-up that was already handled
             # cannot turn each later sleep into a spin
             self._wake.clear()

@@ -68,3 +68,27 @@ async def test_a_cancel_arriving_with_the_wake_up_is_never_lost():
     done = asyncio.Event()
     done.set()
     assert await wait_event(done, 5.0) is True
+
+
+async def test_a_cancel_a_library_swallowed_ends_the_loop_at_its_next_turn():
+    from vidpoll.aio import honour_cancel
+
+    turns = 0
+
+    async def loop() -> None:
+        nonlocal turns
+        while True:
+            honour_cancel()
+            turns += 1
+            try:  # what a library's wait_for on Python 3.11 may do with a cancellation
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                pass
+
+    task = asyncio.create_task(loop())
+    while turns < 2:
+        await asyncio.sleep(0.005)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    honour_cancel()  # this task was never cancelled: nothing happens
