@@ -6,9 +6,9 @@ when first used: a command that reads no answer never loads the HTTP client.
 An account names its key's variable as fal's own tools call it: `provider = "fal"`,
 `api_key_env = "FAL_KEY"` (`key_id:key_secret`). Its own fields: `platform_url` (fal's
 platform API, whose request history reconciles an unanswered create; default
-https://api.fal.ai) and `jwks_url` (where fal publishes its webhook keys). The `FAL_` prefix
-(`FAL_API_KEY`, `FAL_BASE_URL`, ...) serves only an installation without an accounts file
-whose default provider is fal.
+https://api.fal.ai) and `jwks_url` (where fal publishes its webhook keys). fal accounts are read
+from the accounts file only; the `FAL_` prefix names the variables vidpoll's messages suggest
+(`FAL_API_KEY_<ACCOUNT>`, `FAL_WEBHOOK_SECRET`).
 """
 
 from __future__ import annotations
