@@ -111,15 +111,30 @@ def test_demo_runs_to_completion(new_user_env):
     # Replicate, without an idempotency key: every input billed once, every file on disk
     assert re.search(r"Replicate: \d+ creates, 12 predictions billed, 0 inputs billed twice; "
                      r"\d+ list pages read", summary), summary
-    # fal and Veo: each input billed once; Veo's one lost reply parked (nothing to look it
-    # up in), the others' unknown creates adopted or proven absent, none parked
+    # fal, Veo, Runway, Luma and Kling: each input billed once; Veo's and Runway's one lost
+    # reply each parked (nothing to look it up in), the others' unknown creates adopted or
+    # proven absent, none parked
     assert re.search(r"unknown creates without an idempotency key: adopted from the "
                      r"provider's records \d+, proven absent and sent again \d+, parked for an "
-                     r"operator 1\b", summary), summary
+                     r"operator 2\b", summary), summary
     assert re.search(r"fal: \d+ creates, 8 requests billed, 0 inputs billed twice; .*no key "
                      r"sent there", summary), summary
     assert re.search(r"Veo: \d+ creates, 6 operations billed, 0 bodies billed twice; .*parked "
                      r"for an operator \(a lost reply, no list to look in\): 1 ", summary), summary
+    # Runway: tasks wait THROTTLED; every download through a fresh read of the task (one link
+    # that expired before its fetch read once more); its lost reply parked
+    assert re.search(r"Runway: \d+ creates, 4 tasks billed, 0 bodies billed twice; tasks held "
+                     r"THROTTLED behind its concurrency of 1: [1-9]\d*; .*CDN 403s 1\), no key "
+                     r"sent there, no signed link stored, .*parked for an operator \(a lost "
+                     r"reply, no list to look in\): 1 ", summary), summary
+    # Luma: its lost reply and its 5xx after billing found in its list; Kling: its lost reply
+    # found by its external_task_id; none parked
+    assert re.search(r"Luma: \d+ creates, 5 generations billed, 0 inputs billed twice; .*found "
+                     r"in its list and adopted: 2, parked: 0; ", summary), summary
+    assert re.search(r"Kling: \d+ creates, 4 tasks billed, 0 inputs billed twice; its lost "
+                     r"reply found by its external_task_id and adopted: 1, parked: 0; ",
+                     summary), summary
+    assert "lowered Runway's and Kling's 5 s poll floor to 1 s" in summary, summary
     # every completed job's video is on disk and whole (the demo exits non-zero otherwise)
     assert re.search(r"\d+ videos downloaded to .*demo-videos, each checked against the "
                      r"fake's sha256 \(links refreshed after expiring: 3\)", summary), summary
