@@ -208,7 +208,13 @@ def _submit_file(settings: Settings, source: Any, prefix: str, priority: int,
     from vidpoll.accounts import provider_of
     from vidpoll.bulk import BadLine, KeyDeriver
 
-    provider = provider_of(settings, account).name
+    found = provider_of(settings, account)
+    if found.rules.takes_model:
+        # a prompt file's lines name no model, and every create of this provider runs one
+        raise click.UsageError(f"{found.title} creates run a model, which a --file line cannot "
+                               f"name (account {account!r}): submit each request with --json "
+                               f"and --model")
+    provider = found.name
     deriver = KeyDeriver(prefix, priority)
     bad: list[BadLine] = []
     conflicts: list[str] = []
