@@ -151,6 +151,9 @@ class ClaimedIntent:
     window_to: datetime | None = None
     """The latest an unsettled create may have been sent (its outcome recorded as unknown,
     or this claim for a dead claim's POST), by the database's clock."""
+    last_http_status: int | None = None
+    """The status of its last answer (kept while it is looked up): a 409 is a create the
+    provider refused as a repeat of one it holds."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -591,7 +591,7 @@ class Submitter(Runner):
         wanted = Wanted(key, intent.payload, intent.model, window_from - skew,
                         recorded_by + skew, recorded_by)
         finder = getattr(creator, "find_created", None)
-        lookup = (await self._find_by_key(intent, finder) if callable(finder)
+        lookup = (await self._find_by_key(intent, finder, window_from - skew) if callable(finder)
                   else await self.lookups.find(intent.account, creator,  # type: ignore[arg-type]
                                                creator.rules,  # type: ignore[arg-type]
                                                wanted, deadline))
@@ -614,6 +614,19 @@ class Submitter(Runner):
                                  or ErrorClass.SERVER_ERROR,
                                  error=f"looking up the create in the provider's records "
                                        f"failed ({lookup.detail}); tried again in {delay:.0f}s")
+        if callable(finder) and lookup.unsure:
+            # the provider's id for this key names a task made before this intent's first
+            # create: another system's, or an older use of the key; never adopted blindly
+            return park(f"the provider holds a task under this key's id made before this "
+                        f"intent was first sent ({', '.join(lookup.unsure[:3])}): another "
+                        f"system's, or an older use of the key")
+        if (callable(finder) and lookup.complete and not lookup.matches
+                and intent.last_http_status == 409):
+            # the provider refused the id as taken, yet no task of this model carries it: one
+            # at another endpoint, or another system's. Sent again, it would be refused again
+            return park("the provider refused this key's id as already used, and the look-up "
+                        "finds no task carrying it here (one of another endpoint, or another "
+                        "system's)", 409)
         found = [*lookup.matches, *lookup.unsure]
         known = await self.store.jobs_of_ids(found) if found else {}
         mine = [j for j in found if j in known and known[j] == key]
@@ -653,9 +666,12 @@ class Submitter(Runner):
                     f"and {len(unsure)} whose input can no longer be compared ({shown})")
 
     async def _find_by_key(self, intent: ClaimedIntent,
-                           finder: Callable[..., Awaitable[CreatedPage]]) -> CreateLookup:
+                           finder: Callable[..., Awaitable[CreatedPage]],
+                           since: datetime) -> CreateLookup:
         """Look the intent's create up by the id the provider keeps for the key it was sent
-        with (Kling's `external_task_id`): one read, no list, no input to compare."""
+        with (Kling's `external_task_id`): one read, no list, no input to compare. A task
+        recorded before `since` (the intent's first create, less the clock skew) is `unsure`:
+        the id was used before, by another system or an older use of the key."""
         try:
             page = await finder(intent.model, intent.key)
         except Exception as exc:  # the client promises pages; be safe anyway
@@ -671,7 +687,10 @@ class Submitter(Runner):
         if len(found) < len(page.entries):  # listed without an id: nothing is proven
             return CreateLookup(False, calls=page.calls,
                                 detail="the provider lists the key's create without an id")
-        return CreateLookup(True, matches=found, calls=page.calls,
+        early = tuple(c.job_id for c in page.entries if c.job_id is not None
+                      and c.created_at is not None and c.created_at < since)
+        return CreateLookup(True, matches=tuple(j for j in found if j not in early),
+                            unsure=early, calls=page.calls,
                             handles={c.job_id: c.handle for c in page.entries
                                      if c.job_id is not None and c.handle})
 

@@ -33,6 +33,7 @@ import psycopg
 from vidpoll.deliver import Deliverer, DeliveryConfig
 from vidpoll.download import Downloader
 from vidpoll.fetch_guard import AccountRules, FetchPolicy
+from vidpoll.policy import PollPolicy
 from vidpoll.providers.base import ProviderOptions
 from vidpoll.providers.kling.client import KlingClient
 from vidpoll.providers.kling.fake import (
@@ -107,9 +108,10 @@ async def eventually(check: Callable[[], Awaitable[Any]], timeout_s: float = WAI
         await asyncio.sleep(0.02)
 
 
-def submitter(store: PgStore, client: KlingClient, *, concurrency: int = 16) -> Submitter:
+def submitter(store: PgStore, client: KlingClient, *, concurrency: int = 16,
+              policy: PollPolicy = POLICY) -> Submitter:
     return Submitter(store, {ACCOUNT: client}, SubmitterConfig(
-        policy=POLICY, lease_s=HTTP_TIMEOUT_S + 2.0, http_timeout_s=HTTP_TIMEOUT_S,
+        policy=policy, lease_s=HTTP_TIMEOUT_S + 2.0, http_timeout_s=HTTP_TIMEOUT_S,
         first_poll_s=0.0, max_active=None, concurrency=concurrency, accounts=(ACCOUNT,),
         shutdown_timeout_s=3.0))
 
@@ -389,3 +391,37 @@ async def test_chaos_a_hundred_intents_are_each_billed_once_polled_and_downloade
               f"total {time.monotonic() - started:.1f}s")
         assert ends.get("succeed", 0) > 0 and ends.get("failed", 0) > 0
         assert fake.stats()["unauthorized"] == 0
+
+
+async def test_an_external_id_another_system_used_is_never_adopted_nor_sent_for_ever(
+        store: PgStore) -> None:
+    """Kling's ids are per account: staging and production, another tool, or an older use of
+    a key may hold this key's `external_task_id`. A task under it made before the intent was
+    sent is never adopted as this intent's (its prompt is another's), and an id Kling refuses
+    as taken that the look-up cannot find (a task at another endpoint) is parked, never sent
+    again for ever."""
+    async with serving(quick(processing_s=60.0)) as (fake, url), kling_client(url) as client:
+        # made outside this database, on the same Kling account, before vidpoll's intents
+        old = await client.create_video(payload(1, " OLD PROMPT"), "clip-1", "text2video")
+        other = await client.create_video({**payload(2), "image": "https://in.example/a.png"},
+                                          "clip-2", "image2video")
+        assert old.status == 200 and other.status == 200, (old, other)
+        await store.add_intent("clip-1", payload(3, " NEW PROMPT"), account=ACCOUNT,
+                               provider=PROVIDER, model="text2video")
+        await store.add_intent("clip-2", payload(4), account=ACCOUNT, provider=PROVIDER,
+                               model="text2video")
+
+        async def both_parked() -> bool:
+            return (await store.intent_counts()).get("unknown", 0) == 2
+
+        # no clock skew allowed for here: the outside tasks are milliseconds older (one clock)
+        no_skew = dataclasses.replace(POLICY, reconcile_skew_s=0.0)
+        stats = await run_until(submitter(store, client, policy=no_skew), both_parked)
+        first, second = await store.get_intent("clip-1"), await store.get_intent("clip-2")
+        assert first is not None and second is not None
+        assert first.job_id is None and "made before this intent was first sent" in (
+            first.last_error or ""), first.last_error
+        assert second.job_id is None and "already used" in (second.last_error or ""), (
+            second.last_error)
+        assert len(fake.billed()) == 2  # the two outside creates; vidpoll billed nothing
+        assert stats["posts"] <= 4, stats  # each intent sent once, refused once: no loop

@@ -53,7 +53,8 @@ def _claimed_intent(row: dict[str, Any]) -> ClaimedIntent:
                          consecutive_errors=row["consecutive_errors"], account=row["account"],
                          state=row["state"], outcome_unknown=bool(row["outcome_unknown"]),
                          model=row.get("model"), unsettled=bool(row.get("unsettled")),
-                         window_from=row.get("window_from"), window_to=row.get("window_to"))
+                         window_from=row.get("window_from"), window_to=row.get("window_to"),
+                         last_http_status=row.get("last_http_status"))
 
 
 class PgIntents(PgBase):

@@ -178,7 +178,8 @@ RETURNING i.idempotency_key, i.claim_token, i.payload, i.attempts, i.consecutive
           -- the latest an unsettled create may have been sent: when its outcome was recorded
           -- unknown (no POST goes out while an intent is reconciling), else now (the dead
           -- claim's POST went out before its lease ended)
-          coalesce(i.unknown_outcome_at, coalesce(%(now)s::timestamptz, now())) AS window_to;
+          coalesce(i.unknown_outcome_at, coalesce(%(now)s::timestamptz, now())) AS window_to,
+          i.last_http_status;
 
 -- name: claim_unknown_intents
 -- While an account's submitting is paused for credits (402), its `unknown` intents still go
@@ -208,7 +209,8 @@ FROM picked
 WHERE i.ctid = picked.ctid
 RETURNING i.idempotency_key, i.claim_token, i.payload, i.attempts, i.consecutive_errors,
           i.account, i.state, i.model, true AS outcome_unknown,
-          i.state = 'reconciling' AS unsettled, i.create_window_from AS window_from;
+          i.state = 'reconciling' AS unsettled, i.create_window_from AS window_from,
+          i.last_http_status;
 
 -- name: admission
 -- For `submit` and `intents stats`: how many renders of an account (NULL: all) may be
