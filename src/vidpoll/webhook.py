@@ -15,6 +15,7 @@ can send them.
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Callable
 from typing import Literal
@@ -29,6 +30,9 @@ UNSIGNED_PER_SOURCE = (50.0, 10.0)
 """Deliveries of a provider that signs none (Luma's callbacks) taken from one source
 address: a burst of 50, then 10 a second. Each is only a hint (the job is read now), but
 anyone can send one, and each costs a database write."""
+UNSIGNED_POKE_GAP_S = 1.0
+"""An unsigned delivery pokes its job at most this often (Luma retries an update 3 times,
+100 ms apart): nothing is recorded for it, so the job's own poked_at is the repeat check."""
 MAX_SOURCES = 10_000
 """Source addresses `SourceLimiter` keeps a bucket for (the oldest is forgotten first)."""
 
@@ -105,3 +109,18 @@ class SourceLimiter:
         while len(self._buckets) > self._max:
             del self._buckets[next(iter(self._buckets))]
         return admitted
+
+
+def source_key(address: str) -> str:
+    """What one source's budget is kept under: an IPv4 address, or an IPv6 address's /64
+    (one host commonly holds a whole /64: per address it would have endless fresh buckets);
+    anything else (a name, "-") as given."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address[:100]
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import aiohttp
+import psycopg
 import pytest
 
 from vidpoll import metrics
@@ -182,17 +183,20 @@ async def test_a_secret_for_no_provider_or_for_one_without_webhooks_is_refused_a
 
 
 LUMA_ID = "0f3c2a1e-5b7d-4e8f-9a0b-1c2d3e4f5a6b"
+RUNWAY_ID = "8d2b6c1a-3e4f-4a5b-9c8d-7e6f5a4b3c2d"
 
 
-async def test_lumas_unsigned_callbacks_are_served_without_a_secret_only_as_a_hint(store):
+async def test_lumas_unsigned_callbacks_are_served_without_a_secret_only_as_a_hint(store,
+                                                                                   db_url):
     from aiohttp import web
 
     from vidpoll.web.webhooks import setup_webhooks
     from vidpoll.webhook import SourceLimiter
 
-    await store.add_job(LUMA_ID, delay_s=3600)
+    await store.add_job(LUMA_ID, delay_s=3600, provider="luma")
+    await store.add_job(RUNWAY_ID, delay_s=3600, provider="runway")
     app = web.Application()
-    setup_webhooks(app, store, {"luma": None}, sources=SourceLimiter(burst=3, per_s=0.001))
+    setup_webhooks(app, store, {"luma": None}, sources=SourceLimiter(burst=4, per_s=0.001))
     runner, url = await start_server(app, "127.0.0.1", 0)
     try:
         hook = f"{url}/webhooks/luma"
@@ -203,16 +207,36 @@ async def test_lumas_unsigned_callbacks_are_served_without_a_secret_only_as_a_hi
         assert await due_in_s(store, LUMA_ID) <= 0.5
         row = await store.get_job(LUMA_ID)
         assert row is not None and row["state"] == "pending" and row["result"] is None
-        assert await post(hook, body, {}) == (200, {"status": "duplicate"})  # Luma's retry
+        # Luma's retry (or another state word): the job was just poked, nothing more happens
+        again = json.dumps({"id": LUMA_ID, "state": "dreaming"}).encode()
+        assert await post(hook, again, {}) == (200, {"status": "duplicate"})
+        # another provider's job is never touched, and an unknown id leaves no trace
+        assert await post(hook, json.dumps({"id": RUNWAY_ID}).encode(), {}) == (
+            200, {"status": "unknown"})
+        assert await due_in_s(store, RUNWAY_ID) > 3500
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            stored = await (await conn.execute(
+                "SELECT count(*) FROM vidpoll_webhook_events")).fetchone()
+        assert stored is not None and stored[0] == 0
         before = rejected("malformed")
         assert (await post(hook, b'{"id": "../etc"}', {}))[0] == 400
         assert rejected("malformed") == before + 1
-        # a fourth delivery from one source past its burst of three is refused, unread
+        # a fifth delivery from one source past its burst of four is refused, unread
         limited = rejected("rate_limited")
         assert await post(hook, body, {}) == (429, {"error": "too many deliveries"})
         assert rejected("rate_limited") == limited + 1
     finally:
         await runner.cleanup()
+
+
+def test_one_ipv6_host_is_one_source_and_ipv4_is_itself():
+    from vidpoll.webhook import source_key
+
+    assert source_key("2001:db8:1:2:aaaa::1") == source_key("2001:db8:1:2:ffff::9")
+    assert source_key("2001:db8:1:2::1") != source_key("2001:db8:1:3::1")
+    assert source_key("198.51.100.7") == "198.51.100.7"
+    assert source_key("::ffff:198.51.100.7") == "198.51.100.7"
+    assert source_key("-") == "-"
 
 
 async def test_a_secret_given_for_lumas_unsigned_callbacks_is_refused_at_start(store):

@@ -54,6 +54,8 @@ def serve_cmd(host: str, port: int, metrics_port: int | None, metrics_host: str)
     secrets: dict[str, list[str] | None] = {}
     for acc in settings.accounts.values():
         hooks = registry.load(acc.provider).webhooks
+        if hooks is not None and not getattr(hooks, "signed", True) and not acc.webhook_url:
+            continue  # unsigned deliveries (Luma's) are taken only where creates ask for them
         if hooks is not None:
             got = secrets.setdefault(acc.provider, None) or []
             of_account = getattr(hooks, "account_secret", None)

@@ -197,6 +197,17 @@ class PgJobs(PgBase):
         assert row is not None
         return row["effect"], bool(row["made_due"])
 
+    async def receive_hint(self, job_id: str, provider: str, gap_s: float
+                           ) -> tuple[str, bool]:
+        """An unsigned delivery naming `job_id` (a provider that signs none: Luma's
+        callbacks): nothing recorded; a pending job of `provider` poked unless it was within
+        `gap_s`. (effect, made_due): `poked`, `duplicate` (poked within the gap), `finished`
+        or `unknown` (no such job of that provider: another provider's job is never touched)."""
+        row = await self._one("webhook_hint", {"job_id": job_id, "provider": provider,
+                                               "gap_s": gap_s})
+        assert row is not None
+        return row["effect"], bool(row["made_due"])
+
     async def resume(self, job_id: str, now: datetime | None = None) -> str | None:
         """Put a gave_up/not_found row back to polling now ("resumed"). A row still pending is
         poked as poll_now does: "made_due", or "marked" when a worker is reading it (that

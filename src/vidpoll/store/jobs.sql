@@ -183,6 +183,30 @@ WITH event AS (
 SELECT (SELECT effect FROM event) AS effect,
        coalesce((SELECT made_due FROM poke), false) AS made_due;
 
+-- name: webhook_hint
+-- An unsigned delivery (Luma's callbacks): nothing is recorded, and only a pending job of
+-- that provider is poked, at most once every %(gap_s)s seconds (the provider's retries of one
+-- update, or anyone's repeats, cost one poke): an unclaimed row is made due now; a row a
+-- worker is reading gets poked_at, and that read's record makes it due again at once.
+WITH j AS (
+  SELECT job_id, state, poked_at FROM video_jobs
+  WHERE job_id = %(job_id)s AND provider = %(provider)s
+), poke AS (
+  UPDATE video_jobs v
+  SET next_poll_at = CASE WHEN v.claim_token IS NULL THEN least(v.next_poll_at, now())
+                          ELSE v.next_poll_at END,
+      poked_at = now()
+  FROM j
+  WHERE v.job_id = j.job_id AND v.state = 'pending'
+    AND (v.poked_at IS NULL OR v.poked_at < now() - make_interval(secs => %(gap_s)s::float8))
+  RETURNING v.claim_token IS NULL AS made_due
+)
+SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM j) THEN 'unknown'
+            WHEN (SELECT state FROM j) <> 'pending' THEN 'finished'
+            WHEN EXISTS (SELECT 1 FROM poke) THEN 'poked'
+            ELSE 'duplicate' END AS effect,
+       coalesce((SELECT made_due FROM poke), false) AS made_due;
+
 -- name: job_history
 -- One job's events, oldest first (`jobs show`).
 SELECT at, kind, from_state, to_state, error_class, http_status, detail

@@ -41,10 +41,12 @@ from vidpoll.webhook import (
     MAX_BODY_BYTES,
     REJECT_LOG_EVERY_S,
     REJECT_REASONS,
+    UNSIGNED_POKE_GAP_S,
     LogSampler,
     RejectReason,
     SourceLimiter,
     WebhookRejected,
+    source_key,
 )
 
 log = logging.getLogger(__name__)
@@ -256,7 +258,7 @@ def setup_webhooks(app: web.Application, store: PgStore, secrets: WebhookSecrets
                           404, "no such webhook")
         if not served.secrets and served.signed:
             return web.json_response({"error": served.unset}, status=503)
-        if not served.signed and not limiter.admit(source(request)):
+        if not served.signed and not limiter.admit(source_key(source(request))):
             return refuse("rate_limited", "too many unsigned deliveries from one source",
                           429, "too many deliveries")
         too_large = f"body larger than {MAX_BODY_BYTES} bytes"
@@ -279,6 +281,15 @@ def setup_webhooks(app: web.Application, store: PgStore, secrets: WebhookSecrets
             if exc.reason == "malformed":  # signed: the sender may hear what is missing
                 return refuse(exc.reason, str(exc), 400, str(exc))
             return refuse(exc.reason, str(exc), 401, "invalid signature or timestamp")
+        if not served.signed:
+            # nothing to prove it is the provider's: no row is stored for it, and only a
+            # pending job of this provider is poked, at most once a second
+            try:
+                said, poked = await store.receive_hint(hint.job_id, name, UNSIGNED_POKE_GAP_S)
+            except DatabaseUnavailable:
+                return web.json_response({"error": "database unavailable"}, status=503)
+            return web.json_response({"status": said, "made_due": poked} if said == "poked"
+                                     else {"status": said})
         try:
             # hint.dedupe, not a raw header: a repeat re-spaced, re-ordered or padded with
             # other values is still the same signed delivery
@@ -296,7 +307,7 @@ def setup_webhooks(app: web.Application, store: PgStore, secrets: WebhookSecrets
 
     app.router.add_post("/webhooks/{provider}", webhook)
     older_than_s = retention_in_force(retention_s, tolerance_s)
-    if not any(p.secrets or not p.signed for p in providers.values()) or older_than_s is None:
+    if not any(p.secrets for p in providers.values()) or older_than_s is None:
         return None
     pruner = app[WEBHOOK_PRUNER] = WebhookEventPruner(store, older_than_s, prune_every_s)
 

@@ -6,14 +6,12 @@ apart, each with a 5 s timeout, until it gets a 200 (docs.lumalabs.ai/changelog/
 callbacks-and-credits-balance; PROVIDERS.md section 6). No signature, no timestamp and no
 event id is documented.
 
-So `signed` is False: the route serves `/webhooks/luma` without a secret and rate-limits it
-per source address, and `verify` reads nothing from a delivery but the generation's `id`
-(a UUID, as Luma's OpenAPI describes it; anything else is refused as `malformed`) and, for
-the event id only, its `state` word. Nothing else in the body is trusted or kept: the job is
-read from Luma as usual. Anyone who can reach the route can make a tracked job due now, no
-more (the read that follows is Luma's answer); a forged `state` can at most make a real
-callback for that state look like a repeat, whose only loss is a read that the poll makes
-anyway.
+So `signed` is False: the route serves `/webhooks/luma` without a secret, rate-limits it
+per source address, stores nothing for a delivery, and pokes only a pending Luma job of the
+id `verify` reads (a UUID, as Luma's OpenAPI describes it; anything else is refused as
+`malformed`), at most once a second. Nothing else in the body is trusted or kept: the job is
+read from Luma as usual. Anyone who can reach the route can make a tracked Luma job due now,
+no more (the read that follows is Luma's answer).
 
 `WEBHOOKS` is what the Luma provider's `webhooks` returns; `vidpoll serve` calls it for
 `POST /webhooks/luma` (vidpoll.web.webhooks).
