@@ -21,6 +21,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -38,6 +39,7 @@ from vidpoll.errors import DiskError, DownloadError, DownloadRefused, UrlExpired
 from vidpoll.fetch_guard import FetchGuard, FetchPolicy
 from vidpoll.media import file_names, job_dir_name, shown_url
 from vidpoll.models import DEFAULT_ACCOUNT, HttpAnswer, MediaFile
+from vidpoll.providers.base import Terminal
 
 CHUNK_BYTES = 1 << 16
 WRITE_BATCH_BYTES = 1 << 20
@@ -98,13 +100,18 @@ def media_refresher(clients: Mapping[str, object]) -> MediaRefresh:
     """A `MediaRefresh` over the (entered) clients of the accounts served: each account's
     client's `fresh_media` (optional: Runway signs its output URLs anew on each read of the
     task, and they expire within a day or two), an answer without URLs turned into a
-    DownloadError (for good, DownloadRefused, when the provider answered without them)."""
+    DownloadError: for good (DownloadRefused) only when the provider itself said they are gone
+    (its own 404/410, in its error envelope, or the job read as ended without them); a proxy's
+    error page, a garbled answer or a job that reads as not ended is tried again later (a
+    signed link's files live a day or two: a passing fault must not lose them)."""
     # optional on a client: `async def fresh_media(job_id, handle) -> list[str] | HttpAnswer`
     readers: dict[str, Callable[..., Awaitable[list[str] | HttpAnswer]]] = {}
+    rules: dict[str, Any] = {}
     for account, client in clients.items():
         method = getattr(client, "fresh_media", None)
         if callable(method):
             readers[account] = method
+            rules[account] = getattr(client, "rules", None)
 
     async def refresh(account: str, job_id: str) -> list[str] | None:
         reader = readers.get(account)
@@ -118,11 +125,30 @@ def media_refresher(clients: Mapping[str, object]) -> MediaRefresh:
             raise DownloadRefused(f"{what}: the provider's answer lists no media now")
         said = got.detail or (f"HTTP {got.status}" if got.status is not None
                               else "no answer")
-        if got.status is not None and (200 <= got.status < 300 or got.status in (404, 410)):
+        if _gone_for_good(got, rules.get(account)):
             raise DownloadRefused(f"{what}: the provider no longer holds them: {said}"[:500])
         raise DownloadError(f"{what}: fresh links could not be read: {said}"[:500])
 
     return refresh
+
+
+def _gone_for_good(answer: HttpAnswer, rules: Any) -> bool:
+    """Whether a job read again says its media are gone in the provider's own words: its 404
+    or 410 in its error envelope, or a 2xx that reads as the job ended (without media)."""
+    if answer.status is None or rules is None:
+        return False
+    try:
+        body = json.loads(answer.body) if answer.body else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    if not isinstance(body, dict):
+        return False
+    if answer.status in (404, 410):
+        code, _ = rules.error_code(body)
+        return code is not None
+    if 200 <= answer.status < 300:
+        return isinstance(rules.read_status(body), Terminal)
+    return False
 
 
 def _disk_error(exc: OSError, path: Path) -> DiskError:

@@ -294,3 +294,49 @@ def _now() -> datetime:
 
 def _rng() -> random.Random:
     return random.Random(0)
+
+
+async def test_fresh_links_are_gone_for_good_only_when_runway_itself_says_so():
+    """Runway's outputs live a day or two: a proxy's error page or a garbled answer in front
+    of it is tried again later; only Runway's own 404 (in its envelope: a deleted task) or a
+    task that ended without output fails the download for good (found in review)."""
+    from aiohttp import web
+
+    from vidpoll.download import media_refresher
+    from vidpoll.errors import DownloadError, DownloadRefused
+
+    pages = {"proxy 404": (404, "<html><body>404 Not Found</body></html>"),
+             "maintenance": (200, "<html><body>back soon</body></html>"),
+             "not JSON": (200, "{\"id\": ")}
+    showing = {"page": "proxy 404"}
+
+    async def proxy(request: web.Request) -> web.Response:
+        status, text = pages[showing["page"]]
+        return web.Response(status=status, text=text, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/v1/tasks/{task}", proxy)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with RunwayClient(f"http://127.0.0.1:{port}", DEFAULT_KEY, timeout_s=3.0,
+                                options=registry_options()) as client:
+            refresh = media_refresher({"rw": client})
+            for page in pages:
+                showing["page"] = page
+                with pytest.raises(DownloadError) as caught:
+                    await refresh("rw", str(uuid.uuid4()))
+                assert not isinstance(caught.value, DownloadRefused), page
+    finally:
+        await runner.cleanup()
+    async with serving() as (fake, client):
+        refresh = media_refresher({"rw": client})
+        with pytest.raises(DownloadRefused, match="no longer holds them"):
+            await refresh("rw", str(uuid.uuid4()))  # Runway's own "Could not find Task"
+        created = parsed(await client.create_video(dict(BODY), "k-failed", ENDPOINT))
+        fake.finish(created["id"], "FAILED")
+        with pytest.raises(DownloadRefused, match="no longer holds them"):
+            await refresh("rw", created["id"])  # ended without output
