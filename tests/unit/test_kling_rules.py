@@ -141,6 +141,17 @@ def test_error_code_reads_the_envelope_and_only_it() -> None:
     assert envelope_code({"code": 0, "request_id": "r"}) == 0
 
 
+def test_a_path_no_route_of_kling_takes_is_a_wrong_url_never_a_jobs_404() -> None:
+    from vidpoll.policy import is_misrouted
+
+    wrong_route = envelope(None, 1202, "The requested method is invalid")
+    assert RULES.error_code(wrong_route) == (None, None)
+    assert is_misrouted(404, wrong_route, RULES)
+    no_task = envelope(None, 1203, "The requested resource does not exist")
+    assert RULES.error_code(no_task) == ("1203", "The requested resource does not exist")
+    assert not is_misrouted(404, no_task, RULES)
+
+
 @pytest.mark.parametrize(("code", "status"), [
     (1000, 401), (1001, 401), (1002, 401), (1003, 401), (1004, 401),
     (1100, 429), (1101, 429), (1102, 429), (1103, 403),

@@ -65,6 +65,10 @@ JWT_NBF_SKEW_S = 5
 ours still accepts the token)."""
 JWT_HEADERS: Mapping[str, str] = {"alg": "HS256", "typ": "JWT"}
 
+WRONG_ROUTE_CODE = 1202
+"""Kling's "invalid method": a path no route of its API takes (a wrong URL, taken as one:
+the account pauses and is probed, never a job ended `not_found`)."""
+
 CODE_STATUS: Mapping[int, int] = {
     1000: 401, 1001: 401, 1002: 401, 1003: 401, 1004: 401,
     1100: 429, 1101: 429, 1102: 429, 1103: 403,
@@ -235,7 +239,9 @@ class KlingRules:
         """(code, message) of Kling's envelope with a code other than 0; (None, None)
         otherwise (a 4xx without it came from something else)."""
         code = envelope_code(body)
-        if code is None or code == 0 or body is None:
+        if code is None or code == 0 or body is None or code == WRONG_ROUTE_CODE:
+            # 1202, "the requested method is invalid": no route of Kling's API answered, so
+            # the URL is wrong (a base URL or endpoint off Kling's paths), not a job's end
             return None, None
         message = body.get("message")
         text = message.strip()[:MAX_ERROR_TEXT] if isinstance(message, str) and message.strip(
