@@ -372,7 +372,7 @@ async def test_chaos_a_hundred_intents_are_each_billed_once_polled_and_downloade
     config = quick(hang_s=1.5,  # > client timeout, < timeout + settle
                    processing_s=0.2, jitter_s=0.4, shift_on_list=3,
                    # a 429 names its wait (one that names none holds the account's creates
-                   # 30 s: the submitter's cap for a provider's daily limit)
+                   # 2 s, doubling for each in a row: too long for this test)
                    create_429_retry_after_s=0.2,
                    outcome_mix={"completed": 0.8, "failed": 0.2})
     assert config.hang_s > HTTP_TIMEOUT_S

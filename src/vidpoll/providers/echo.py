@@ -5,8 +5,12 @@ provider's `Rules.match_created` shares (Replicate's `input`, fal's `json_input`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Collection, Iterator
+from typing import Any, Literal
+
+Match = Literal["same", "other", "unsure"]
+"""What `Rules.match_created` says of one record: a create of the intent, of something else,
+or one that cannot be told apart."""
 
 _END = object()
 
@@ -58,3 +62,24 @@ def holds_data_uri(value: Any) -> bool:
     """Whether a JSON value holds a `data:` URI anywhere: a provider may keep such an upload
     as a file URL of its own, so the field cannot be compared with what was sent."""
     return any(s[:5].lower() == "data:" for s in json_strings(value))
+
+
+def fields_verdict(payload: dict[str, Any], echoed: dict[str, Any], shown: bool,
+                   skip: Collection[str] = ()) -> Match:
+    """Every field of `payload` (but `skip`) against the record's echo of the input: `other`
+    as soon as one is echoed with another value (as JSON), unless it holds a `data:` URI (a
+    provider may keep such an upload as a URL of its own: `unsure`); `unsure` when one is
+    missing, or when the record does not show what it was made for (`shown` False: the
+    model or endpoint); else `same` (fields the provider added do not count)."""
+    verdict: Match = "same" if shown else "unsure"
+    for field, value in payload.items():
+        if field in skip:
+            continue
+        if field not in echoed:
+            verdict = "unsure"
+        elif not json_equal(value, echoed[field]):
+            if holds_data_uri(value):
+                verdict = "unsure"
+            else:
+                return "other"
+    return verdict

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from vidpoll.errors import InvalidJobId
 from vidpoll.media import media_urls as _media_urls
@@ -42,7 +42,7 @@ from vidpoll.providers.base import (
     Terminal,
     Unreadable,
 )
-from vidpoll.providers.echo import holds_data_uri, json_equal, json_strings
+from vidpoll.providers.echo import Match, fields_verdict, holds_data_uri, json_strings
 
 COMPLETED = "completed"
 WORDS: Mapping[str, NeutralOutcome] = {COMPLETED: "succeeded"}
@@ -63,8 +63,6 @@ HANDLE_FIELDS = ("status_url", "response_url", "cancel_url")
 """What a create answer holds beyond the request id that later reads must use."""
 MAX_HANDLE_URL = 2048
 MAX_SEGMENTS = 16
-
-Match = Literal["same", "other", "unsure"]
 
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 """One segment of an endpoint id: starts with a letter or a digit (never `.` or `..`, which a
@@ -158,16 +156,7 @@ def match_created(entry: Any, payload: dict[str, Any], model: str | None) -> Mat
     recorded = entry.get("json_input")
     if not isinstance(recorded, dict):
         return "unsure"
-    verdict: Match = "same" if endpoint_shown else "unsure"
-    for field, value in payload.items():
-        if field not in recorded:
-            verdict = "unsure"
-        elif not json_equal(value, recorded[field]):
-            if _holds_data_uri(value):
-                verdict = "unsure"
-            else:
-                return "other"
-    return verdict
+    return fields_verdict(payload, recorded, endpoint_shown)
 
 
 class FalRules:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from vidpoll.errors import InvalidJobId
 from vidpoll.models import HttpAnswer
@@ -36,7 +36,7 @@ from vidpoll.providers.base import (
     Terminal,
     Unreadable,
 )
-from vidpoll.providers.echo import holds_data_uri, json_equal
+from vidpoll.providers.echo import Match, fields_verdict
 
 COMPLETED = "completed"
 FAILED = "failed"
@@ -55,7 +55,6 @@ NOT_COMPARED = frozenset({MODEL_FIELD, CALLBACK_FIELD})
 """Fields of a request body that `match_created` does not compare with the echo: the model is
 compared as the create's model, and the callback URL may be the account's, not the body's."""
 
-Match = Literal["same", "other", "unsure"]
 
 _MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 """A model id as Luma writes them (`ray-2`, `ray-flash-2`): one word of letters, digits, `.`,
@@ -153,18 +152,7 @@ def match_created(entry: Any, payload: dict[str, Any], model: str | None) -> Mat
     echoed = entry.get("request")
     if not isinstance(echoed, dict):
         return "unsure"
-    verdict: Match = "same" if seen_model is not None else "unsure"
-    for field, value in payload.items():
-        if field in NOT_COMPARED:
-            continue
-        if field not in echoed:
-            verdict = "unsure"
-        elif not json_equal(value, echoed[field]):
-            if holds_data_uri(value):
-                verdict = "unsure"
-            else:
-                return "other"
-    return verdict
+    return fields_verdict(payload, echoed, seen_model is not None, NOT_COMPARED)
 
 
 class LumaRules:

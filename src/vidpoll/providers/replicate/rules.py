@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from vidpoll.errors import InvalidJobId
 from vidpoll.models import HttpAnswer
@@ -29,7 +29,7 @@ from vidpoll.providers.base import (
     Terminal,
     Unreadable,
 )
-from vidpoll.providers.echo import holds_data_uri, json_strings
+from vidpoll.providers.echo import Match, holds_data_uri, json_strings
 from vidpoll.providers.echo import json_equal as json_equal
 
 WORDS: Mapping[str, NeutralOutcome] = {
@@ -50,7 +50,6 @@ HIDDEN_VERSION = "hidden"
 """The `version` Replicate shows for an official model whose versions it does not publish:
 it says nothing about the version the create named."""
 
-Match = Literal["same", "other", "unsure"]
 
 _PART = r"[a-z0-9][a-z0-9._-]{0,99}"
 _MODEL = re.compile(rf"(?P<model>{_PART}/{_PART})(?::(?P<version>[A-Za-z0-9]{{1,128}}))?")
