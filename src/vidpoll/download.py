@@ -21,7 +21,6 @@ import contextlib
 import errno
 import fcntl
 import hashlib
-import json
 import os
 import re
 import secrets
@@ -39,6 +38,7 @@ from vidpoll.errors import DiskError, DownloadError, DownloadRefused, UrlExpired
 from vidpoll.fetch_guard import FetchGuard, FetchPolicy
 from vidpoll.media import file_names, job_dir_name, shown_url
 from vidpoll.models import DEFAULT_ACCOUNT, HttpAnswer, MediaFile
+from vidpoll.policy import parsed_json_object
 from vidpoll.providers.base import Terminal
 
 CHUNK_BYTES = 1 << 16
@@ -135,13 +135,8 @@ def media_refresher(clients: Mapping[str, object]) -> MediaRefresh:
 def _gone_for_good(answer: HttpAnswer, rules: Any) -> bool:
     """Whether a job read again says its media are gone in the provider's own words: its 404
     or 410 in its error envelope, or a 2xx that reads as the job ended (without media)."""
-    if answer.status is None or rules is None:
-        return False
-    try:
-        body = json.loads(answer.body) if answer.body else None
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return False
-    if not isinstance(body, dict):
+    body = parsed_json_object(answer.body)
+    if answer.status is None or rules is None or body is None:
         return False
     if answer.status in (404, 410):
         code, _ = rules.error_code(body)
