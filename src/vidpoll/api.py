@@ -42,6 +42,7 @@ from vidpoll.embedded import resolve_database_url
 from vidpoll.errors import ConfigError, IntentRejected
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
+    HELD,
     QUEUED,
     RECONCILING,
     REJECTED,
@@ -52,6 +53,7 @@ from vidpoll.models import (
 )
 from vidpoll.policy import RETRYABLE_4XX, AuthPause
 from vidpoll.runner import SHUTDOWN_TIMEOUT_S
+from vidpoll.spend import AccountSpend, NoEstimate, check_tags, held_reason
 from vidpoll.store import INTENTS_CHANNEL, JOB_DONE_CHANNEL, POLLS, SUBMITS, PgStore
 from vidpoll.submitter import IntentStore, SubmitterConfig, submit_now
 from vidpoll.worker import Store
@@ -195,7 +197,8 @@ class Vidpoll:
 
     async def submit(self, payload: dict[str, Any], *, key: str | None = None,
                      priority: int = 0, send_now: bool = True,
-                     account: str = DEFAULT_ACCOUNT) -> Submission:
+                     account: str = DEFAULT_ACCOUNT,
+                     tags: Mapping[str, str] | None = None) -> Submission:
         """Record an intent (committed first), then try the POST once if its turn has come.
 
         `key` defaults to a new UUID; the same key again returns the existing intent (and
@@ -209,7 +212,7 @@ class Vidpoll:
             # before recording: nothing that no one could send
             self.settings.require_api_key(account)
         sub = await self.record(payload, key=key, priority=priority, account=account,
-                                explain=False)
+                                explain=False, tags=tags)
         if not (sub.new and send_now):
             return await self.explained(sub)
         try:
@@ -222,12 +225,14 @@ class Vidpoll:
 
     async def record(self, payload: dict[str, Any], *, key: str | None = None,
                      priority: int = 0, account: str = DEFAULT_ACCOUNT,
-                     explain: bool = True, model: str | None = None) -> Submission:
+                     explain: bool = True, model: str | None = None,
+                     tags: Mapping[str, str] | None = None) -> Submission:
         """Record an intent without sending it (a running worker sends it), for `account`'s
         provider; `model`: the model its create runs, required by a provider whose creates
         name one, refused by one whose do not (ConfigError).
 
         `explain=False` skips the queries behind `reason`, for a caller about to send it.
+        `tags`: name -> value, kept with the intent, its job and its cost (`vidpoll spend`).
         """
         key = key or str(uuid.uuid4())
         provider = provider_of(self.settings, account)
@@ -247,8 +252,15 @@ class Vidpoll:
         if problem:
             raise ConfigError(f"the request body for account {account!r} ({provider.title}): "
                               f"{problem}")
+        spend = self._spends(account).get(account)
+        if spend is not None and spend.capped:
+            try:  # a capped account sends nothing it cannot price
+                spend.estimate(payload, model)
+            except NoEstimate as exc:
+                raise ConfigError(f"account {account!r} has spend caps and {exc}") from None
         intent, new = await self.store.add_intent(key, payload, priority, account,
-                                                  provider=provider.name, model=model)
+                                                  provider=provider.name, model=model,
+                                                  tags=check_tags(tags))
         if intent.state == REJECTED:
             raise IntentRejected(key, intent.error_code, intent.error_message)
         sub = Submission(intent, new)
@@ -260,6 +272,8 @@ class Vidpoll:
             return Submission(sub.intent, sub.new, unknown_reason(sub.intent))
         if sub.intent.state == RECONCILING and sub.reason is None:
             return Submission(sub.intent, sub.new, RECONCILING_REASON)
+        if sub.intent.state == HELD and sub.reason is None:
+            return Submission(sub.intent, sub.new, held_reason(sub.intent))
         if sub.intent.state != QUEUED or sub.reason is not None:
             return sub
         return Submission(sub.intent, sub.new, await self.queued_reason(sub.key))
@@ -278,7 +292,8 @@ class Vidpoll:
                                  first_poll_s=self.settings.first_poll_s,
                                  policy=self.settings.policy, listen=False,
                                  accounts=(account,),
-                                 budgets=self.settings.budgets("create", [account]))
+                                 budgets=self.settings.budgets("create", [account]),
+                                 spends=self._spends(account))
         async with client_for(self.settings, account) as client:
             result = await submit_now(self.store, client, config, key, account)
         intent = await self.store.get_intent(key)
@@ -297,7 +312,14 @@ class Vidpoll:
             reason = unknown_reason(intent)
         elif intent.state == RECONCILING:
             reason = RECONCILING_REASON
+        elif intent.state == HELD:
+            reason = held_reason(intent)
         return Submission(intent, False, reason, refused)
+
+    def _spends(self, account: str) -> dict[str, AccountSpend]:
+        """The account's prices and caps, as the submitters of the fleet apply them."""
+        found = self.settings.accounts.get(account)
+        return {} if found is None else {account: found.spend}
 
     def _refusal_reason(self, key: str, account: str, refused: str,
                         result: SubmitOutcome | AuthPause | None) -> str:

@@ -30,6 +30,7 @@ from vidpoll.models import DEFAULT_ACCOUNT
 from vidpoll.policy import Budget, PollPolicy, validate_account
 from vidpoll.providers import registry
 from vidpoll.providers.base import AccountOption, Provider
+from vidpoll.spend import NO_SPEND, SPEND_FIELDS, AccountSpend, parse_account_spend
 
 T = TypeVar("T")
 ProxyNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -265,6 +266,8 @@ class Account:
     option_secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     """By `secret_env` field of the provider (Kling's `secret_key_env`): the value of the
     variable it names (empty when unset)."""
+    spend: AccountSpend = NO_SPEND
+    """Prices and caps (vidpoll.spend): none unless the accounts file sets them."""
 
 
 @dataclass(frozen=True)
@@ -500,7 +503,7 @@ def _by_account(env: Mapping[str, str], prefix: str,
 
 FILE_FIELDS = ("provider", "base_url", "api_key_env", "webhook_secret_env",
                "status_rate_per_min", "submit_rate_per_min", "webhook_url",
-               "on_unknown_create", "min_poll_s")
+               "on_unknown_create", "min_poll_s", *SPEND_FIELDS)
 """What an `[accounts.NAME]` table of any provider may hold; `api_key_env` is required
 (unless the provider's `key_setting` names another field), besides its own fields
 (`Provider.account_options`)."""
@@ -700,7 +703,8 @@ def _file_account(path: Path, name: str, table: Any, env: Mapping[str, str],
               create_default),
         _file_secret(at, "webhook_secret_env", env, secret_env) if secret_env else "",
         secret_env, "file", _file_webhook_url(at, table, allow_insecure_http), options,
-        on_unknown, None if min_poll is None else float(min_poll), option_secrets)
+        on_unknown, None if min_poll is None else float(min_poll), option_secrets,
+        parse_account_spend(at, table, getattr(provider, "cost_units", None)))
 
 
 def _default_base_url(provider: Provider, options: Mapping[str, str]) -> str:

@@ -35,6 +35,7 @@ from vidpoll.policy import (
 )
 from vidpoll.providers import registry
 from vidpoll.providers.base import Rules
+from vidpoll.spend import AccountSpend
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -355,3 +356,36 @@ def _age(seconds: float | None) -> str:
     if seconds is None:
         return "age unknown"
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
+def spend_findings(accounts: Mapping[str, tuple[AccountSpend, Mapping[str, str]]]
+                   ) -> list[Finding]:
+    """One finding per account on what vidpoll knows of its costs (vidpoll.spend): `accounts`
+    maps a name to (its prices and caps, its provider's cost units)."""
+    found = []
+    for name, (spend, units) in sorted(accounts.items()):
+        check = f"spend: {name}"
+        if not spend.priced:
+            guard = (f"; max_creates_per_hour {spend.max_creates_per_hour} caps its creates"
+                     if spend.max_creates_per_hour is not None else "")
+            found.append(Finding(check, OK, f"no prices: its jobs have no estimate and no "
+                                 f"spend cap{guard}",
+                                 f"set price_per_job (or [accounts.{name}.prices]) and "
+                                 f"cap_per_day / cap_per_month in the accounts file to cap "
+                                 f"what it spends"))
+            continue
+        caps = [f"{k} {v} {spend.currency}" for k, v in (("cap_per_day", spend.cap_per_day),
+                                                          ("cap_per_month", spend.cap_per_month))
+                if v is not None]
+        caps += [f"cap_per_key_prefix {p!r} {c} {spend.currency}"
+                 for p, c in spend.cap_per_key_prefix.items()]
+        if spend.max_creates_per_hour is not None:
+            caps.append(f"max_creates_per_hour {spend.max_creates_per_hour}")
+        unpriced = sorted(set(units) - set(spend.unit_prices))
+        fix = (f"add [accounts.{name}.unit_prices] {unpriced[0]} = ... to count the "
+               f"provider's own figure instead of the estimate" if unpriced else "")
+        found.append(Finding(check, OK, f"priced in {spend.currency}; "
+                             + ("caps: " + ", ".join(caps) if caps else "no caps")
+                             + (f"; the provider's {', '.join(unpriced)} figures are recorded "
+                                f"but not converted (no unit price)" if unpriced else ""), fix))
+    return found

@@ -8,11 +8,13 @@ account, an outcome word, a consumer name; never a job id, never a URL or a key.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 from vidpoll.models import LOCAL_TERMINAL_STATES, PENDING
 
@@ -91,6 +93,55 @@ DUE = Gauge("vidpoll_due_rows", "Pending rows due now: exact, counted through th
             "tells how far behind).", registry=TABLE_REGISTRY)
 OLDEST_DUE = Gauge("vidpoll_oldest_due_seconds", "How late the most overdue pending row is "
                    "(exact).", registry=TABLE_REGISTRY)
+
+
+
+class _SpendTotals:
+    """vidpoll_spend_total{account,model}: what ended jobs cost, in each account's currency,
+    since the ledger began (a counter: it only grows, but for a prune of the ledger, which
+    vidpoll never does), read from the ledger at scrape time like the table's figures."""
+
+    def __init__(self) -> None:
+        self.spent: dict[tuple[str, str], float] = {}
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "vidpoll_spend", "What ended jobs cost, in the account's currency (the provider's "
+            "figure where the account prices its unit, else the estimate), since the ledger "
+            "began.", labels=["account", "model"])
+        for (account, model), value in sorted(self.spent.items()):
+            family.add_metric([account, model], value)
+        yield family
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("vidpoll_spend", "", labels=["account", "model"])
+
+
+SPEND_TOTAL = _SpendTotals()
+TABLE_REGISTRY.register(SPEND_TOTAL)
+SPEND_RESERVED = Gauge("vidpoll_spend_reserved", "Estimates reserved by creates whose jobs "
+                       "have not ended (or whose outcome is unknown), in the account's "
+                       "currency.", ["account"], registry=TABLE_REGISTRY)
+INTENTS_HELD = Gauge("vidpoll_intents_held", "Intents a cap holds now, by account and cap "
+                     "(cap_per_day, cap_per_month, cap_per_key_prefix:PREFIX, "
+                     "max_creates_per_hour, price).", ["account", "cap"],
+                     registry=TABLE_REGISTRY)
+
+
+def export_spend(totals: Iterable[Mapping[str, Any]], held: Iterable[Mapping[str, Any]]
+                 ) -> None:
+    """The ledger's figures (vidpoll.store.spend) into the three spend metrics."""
+    rows = list(totals)
+    SPEND_TOTAL.spent = {(r["account"], r["model"]): float(r["spent"]) for r in rows}
+    reserved: dict[str, float] = {}
+    for r in rows:
+        reserved[r["account"]] = reserved.get(r["account"], 0.0) + float(r["reserved"])
+    SPEND_RESERVED.clear()
+    for account, value in reserved.items():
+        SPEND_RESERVED.labels(account).set(value)
+    INTENTS_HELD.clear()
+    for r in held:
+        INTENTS_HELD.labels(r["account"], r["cap"] or "unknown").set(int(r["n"]))
 
 
 STATE_LABELS: set[str] = {PENDING, *LOCAL_TERMINAL_STATES, "finished"}
@@ -186,5 +237,6 @@ def metric_names() -> Iterator[str]:
                       RECONCILIATIONS, LIST_CALLS, RESULT_FETCHES, DELIVERIES, TOKENS,
                       BUDGET_WAITS, SERVER_PAUSES,
                       MISROUTE_PAUSES, FENCED_OUT, DB_ERRORS, WEBHOOKS_REJECTED, JOBS,
-                      JOBS_ESTIMATED, STATISTICS_AGE, DUE, OLDEST_DUE):
+                      JOBS_ESTIMATED, STATISTICS_AGE, DUE, OLDEST_DUE, SPEND_TOTAL,
+                      SPEND_RESERVED, INTENTS_HELD):
         yield from (m.name for m in collector.describe())

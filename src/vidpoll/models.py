@@ -6,6 +6,7 @@ import enum
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 DEFAULT_ACCOUNT = "default"
@@ -45,7 +46,12 @@ RECONCILING = "reconciling"
 again, but looked up in the provider's own records (`Reconciler.list_created`) until it is
 adopted (`submitted`), proven absent (`queued`, sent again) or parked (`unknown`)."""
 
-INTENT_STATES = (QUEUED, RECONCILING, UNKNOWN, SUBMITTED, REJECTED)
+HELD = "held"
+"""An intent a cap held (issue 30): not sent, waiting for its window to turn, budget to free
+(a refunded failure), the cap to be raised, or an operator (`intents release`); `held_reason`
+says which cap, what is spent and reserved, and when it resumes."""
+
+INTENT_STATES = (QUEUED, HELD, RECONCILING, UNKNOWN, SUBMITTED, REJECTED)
 """Every state of an intent."""
 
 PARKED_S = 10 * 365 * 86400.0
@@ -185,6 +191,39 @@ class Intent:
     """The provider of its account when it was recorded (None: a release before 0014)."""
     model: str | None = None
     """The model its create runs (`submit --model`); None for a provider that takes none."""
+    tags: dict[str, str] | None = None
+    """`submit --tag name=value`: kept with the intent, its job and its reservation."""
+    held_reason: str | None = None
+    """Why a `held` intent waits: the cap, what is spent and reserved, when it resumes."""
+    held_cap: str | None = None
+    past_cap: bool = False
+    """An operator sent it past its cap (`intents release`)."""
+    estimate: Decimal | None = None
+    """What its create was expected to cost when it was sent (None: not sent, or no price)."""
+    spend_status: str | None = None
+    """Its reservation: reserved, spent or released (None: none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A claimed intent a cap did not let go (vidpoll.store.spend)."""
+
+    key: str
+    claim_token: uuid.UUID
+    cap: str
+    """cap_per_day, cap_per_month, cap_per_key_prefix:<prefix>, max_creates_per_hour, price."""
+    reason: str
+    until: datetime
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one claim of intents took: those to send, and those a cap held (with the 80 %
+    warnings this claim was the first of the fleet to reach)."""
+
+    intents: list[ClaimedIntent]
+    held: list[Held] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +298,12 @@ class Outcome:
     inline_result: bool = False
     """The answer (`body`) is the succeeded job's result too: a provider whose results come
     inline (vidpoll.providers.base.ResultSource.INLINE); no result call follows."""
+    cost: Decimal | None = None
+    """A final outcome's cost in the account's currency (the provider's figure converted;
+    None: none known, the store keeps the estimate reserved for the job)."""
+    provider_cost: Decimal | None = None
+    provider_cost_unit: str | None = None
+    """The provider's own figure and unit (`Rules.cost`), recorded as given."""
 
     @property
     def is_final(self) -> bool:
@@ -294,6 +339,13 @@ class Job:
     """The neutral outcome (`succeeded`, `failed`, ...: vidpoll.providers.base), None while
     pending; `state` keeps the provider's own word."""
     provider: str | None = None
+    cost: Decimal | None = None
+    """What it cost in its account's currency once ended: the provider's figure converted,
+    else the estimate reserved for it; 0 when the provider charged nothing; None: no price."""
+    provider_cost: Decimal | None = None
+    provider_cost_unit: str | None = None
+    """The provider's own figure and unit (kept even when the account prices no such unit)."""
+    tags: dict[str, str] | None = None
 
     @property
     def is_final(self) -> bool:

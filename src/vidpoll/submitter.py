@@ -38,6 +38,7 @@ from vidpoll.models import (
     REJECTED,
     SUBMITTED,
     UNKNOWN,
+    Claim,
     ClaimedIntent,
     ErrorClass,
     HttpAnswer,
@@ -74,6 +75,7 @@ from vidpoll.runner import (
     take_budget,
     utc_now,
 )
+from vidpoll.spend import NO_SPEND, AccountSpend
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,17 @@ class IntentStore(MinutesStore, BudgetStore, NoticeStore, Protocol):
     async def claim_unknown_intents(self, limit: int, lease_s: float, worker_id: str,
                                     account: str = ...) -> list[ClaimedIntent]:
         """Claim only one account's due `unknown` intents, committed at once."""
+
+    async def claim_checked(self, limit: int, lease_s: float, worker_id: str,
+                            max_active: int | None, key: str | None = None,
+                            account: str = ..., now: datetime | None = None, *,
+                            spend: AccountSpend | None = None,
+                            spend_now: datetime | None = None) -> Claim:
+        """Claim like claim_intents, each create's estimate reserved within the account's
+        caps; those that do not fit are held (vidpoll.store.spend)."""
+
+    async def wake_held(self, accounts: Sequence[str]) -> int:
+        """Make the held intents of `accounts` due now (their caps may have been raised)."""
 
     async def record_submit(self, outcome: SubmitOutcome, first_poll_s: float = ...) -> bool:
         """Write one POST's outcome, fenced; False if another owner has the intent now."""
@@ -189,6 +202,11 @@ class SubmitterConfig:
     """The accounts this submitter sends for (it has their keys)."""
     budgets: Mapping[str, Budget] = field(default_factory=dict)
     """Create budgets by account, shared by the fleet; an account without one is unlimited."""
+    spends: Mapping[str, AccountSpend] = field(default_factory=dict)
+    """Prices and caps by account (vidpoll.spend); an account without is unlimited."""
+    spend_clock: Callable[[], datetime] | None = None
+    """The clock the caps' windows are counted by; None: the database's (the fleet's one
+    clock). Tests turn the day with it."""
     resend_unknown: frozenset[str] = frozenset()
     """Accounts whose provider has neither an idempotency key nor records to look a create up
     in, and which chose `on_unknown_create = "resend"`: an unknown create is sent again after
@@ -229,6 +247,8 @@ class SubmitStats:
     """Intents whose earlier creates the provider's records proved absent: sent again."""
     parked: int = 0
     """Intents parked as `unknown` by a look-up (ambiguous, or the records unreadable)."""
+    held: int = 0
+    """Intents a cap held (vidpoll.spend), counted each time one is held."""
 
 
 class Submitter(Runner):
@@ -266,6 +286,8 @@ class Submitter(Runner):
                  cfg.concurrency, cfg.max_active, cfg.lease_s)
         listener = asyncio.create_task(self._listener()) if cfg.listen else None
         flusher = asyncio.create_task(self._minutes_flusher(self.store, False))
+        # a cap raised (or removed) before this start: what it held is checked again now
+        self._spawn(self._wake_held())
         try:
             await self._main_loop()
         finally:
@@ -398,14 +420,46 @@ class Submitter(Runner):
             got = await self.store.claim_unknown_intents(want, cfg.lease_s, cfg.worker_id,
                                                          account=account)
         else:
-            got = await self.store.claim_intents(want, cfg.lease_s, cfg.worker_id,
-                                                 cfg.max_active, account=account)
+            spend = cfg.spends.get(account, NO_SPEND)
+            claim = await self.store.claim_checked(
+                want, cfg.lease_s, cfg.worker_id, cfg.max_active, account=account,
+                spend=spend, spend_now=None if cfg.spend_clock is None else cfg.spend_clock())
+            got = claim.intents
+            self._note_held(account, claim)
+        # (a held intent sent nothing: its token goes back)
         wait_s = await settle_budget(self.store, take, len(got))
         if wait_s is not None:
             # the budget, not the queue, held this account back (with nothing granted, the
             # idle path only sleeps this long if intents are due)
             self._budget_wait = min(self._budget_wait or wait_s, wait_s)
         return got
+
+    def _note_held(self, account: str, claim: Claim) -> None:
+        """Log what a cap held (each intent once per hold) and the fleet's first 80 %
+        warning of a window."""
+        for warning in claim.warnings:
+            log.warning("spend: %s", warning, extra=event(account=account))
+        for held in claim.held:
+            self.stats.held += 1
+            log.info("intent %s held: %s", held.key, held.reason,
+                     extra=event(key=held.key, account=account, outcome="held"))
+
+    def reload_spends(self, spends: Mapping[str, AccountSpend]) -> None:
+        """New prices and caps (SIGHUP re-read the accounts file): the held intents of this
+        submitter's accounts are checked again at once against them."""
+        self.config = replace(self.config, spends=spends)
+        self._spawn(self._wake_held())
+
+    async def _wake_held(self) -> None:
+        try:
+            woken = await self.store.wake_held(self.config.accounts)
+        except DatabaseUnavailable as exc:
+            log.warning("held intents not woken after a reload (%s): they resume at their "
+                        "window's turn, or at the next reload", exc)
+            return
+        if woken:
+            log.info("%d held intents checked again against the caps", woken)
+        self._wake.set()
 
     async def _idle_delay(self, claimed: int, probing: bool = False) -> float | None:
         """How long to sleep after a claim; None ends a drain. `probing`: no claim was made
@@ -940,15 +994,21 @@ async def submit_now(store: IntentStore, creator: VideoCreator, config: Submitte
     """Claim one intent by key (if its turn has come under the cap) and send it once.
 
     Returns the recorded outcome, an AuthPause, or None if it could not be claimed now (the
-    cap is reached, intents are ahead of it, it is not due, or the account's create budget has
-    no token left); it then stays queued for a running worker.
+    cap is reached, intents are ahead of it, it is not due, the account's create budget has
+    no token left, or a spend cap held it: then it is `held`); it then waits for a running
+    worker.
     """
     budget = config.budgets.get(account)
     if budget is not None and (await store.take_tokens(account, "create", 1, budget)).granted < 1:
         return None
     claimed_at = asyncio.get_running_loop().time()
-    claimed = await store.claim_intents(1, config.lease_s, config.worker_id, config.max_active,
-                                        key=key, account=account)
+    claim = await store.claim_checked(
+        1, config.lease_s, config.worker_id, config.max_active, key=key, account=account,
+        spend=config.spends.get(account, NO_SPEND),
+        spend_now=None if config.spend_clock is None else config.spend_clock())
+    claimed = claim.intents
+    for warning in claim.warnings:
+        log.warning("spend: %s", warning, extra=event(account=account))
     if not claimed:
         if budget is not None:
             await store.refund_tokens(account, "create", 1)

@@ -53,7 +53,7 @@ from vidpoll.policy import (
     provider_error_code,
     server_pause_s,
 )
-from vidpoll.providers.base import Rules
+from vidpoll.providers.base import Cost, Rules
 from vidpoll.results import ResultFetcher, ResultStore
 from vidpoll.runner import (
     DB_BACKOFF_MAX_S,
@@ -69,6 +69,7 @@ from vidpoll.runner import (
     take_budget,
     utc_now,
 )
+from vidpoll.spend import NO_SPEND, AccountSpend
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,8 @@ class WorkerConfig:
     herd_stagger_s: float = HERD_STAGGER_S
     """In a fleet, the longest random delay before an idle worker answers a NOTIFY (0: at
     once, always)."""
+    spends: Mapping[str, AccountSpend] = field(default_factory=dict)
+    """Prices by account (vidpoll.spend): converts a provider's cost figure to money."""
     read_timeout_s: float = 0.0
     """How long one status read may take (the HTTP client's timeout). In lease mode a claimed
     row is read only while that much of its lease is left, so a worker that fell behind
@@ -806,7 +809,28 @@ class Worker(Runner):
                 self._seen_words.add(word)
                 log.warning("The provider sent an unknown non-terminal status %r; polling on",
                             word)
+        if decision.is_final and decision.body is not None:
+            decision = self._costed(decision)
         return dataclasses.replace(decision, answered_mono=answered)
+
+    def _costed(self, decision: Outcome) -> Outcome:
+        """A final outcome with what the provider says the job cost (`Rules.cost`), in the
+        account's currency where it prices the provider's unit; without a figure the store
+        keeps the estimate reserved for the job."""
+        rules = self.readers[decision.account].rules
+        cost_of = getattr(rules, "cost", None)
+        if not callable(cost_of) or decision.outcome is None:
+            return decision
+        try:
+            cost = cost_of(decision.body, decision.outcome)
+        except Exception:  # a provider's figure never costs a job its ending
+            log.exception("job %s: could not read its cost", decision.job_id)
+            return decision
+        if not isinstance(cost, Cost):
+            return decision
+        spend = self.config.spends.get(decision.account, NO_SPEND)
+        return dataclasses.replace(decision, cost=spend.money(cost),
+                                   provider_cost=cost.amount, provider_cost_unit=cost.unit)
 
     # -- reads answered by something other than the provider -------------------------------
     def _shown_url(self, account: str, job_id: str) -> str:

@@ -304,8 +304,8 @@ async def test_stop_during_a_claim_sends_nothing(store, fake, client):
         def __getattr__(self, name: str) -> object:
             return getattr(store, name)
 
-        async def claim_intents(self, *args: object, **kwargs: object) -> object:
-            claimed = await store.claim_intents(*args, **kwargs)  # type: ignore[arg-type]
+        async def claim_checked(self, *args: object, **kwargs: object) -> object:
+            claimed = await store.claim_checked(*args, **kwargs)  # type: ignore[arg-type]
             sub.stop()
             return claimed
 

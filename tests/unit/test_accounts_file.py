@@ -325,7 +325,9 @@ BAD_FIELDS = [
     ("a typo", account(KEYED, "status_rate_per_minute = 10"), "status_rate_per_minute",
      "unknown field (did you mean status_rate_per_min? allowed for Sume: provider, "
      "base_url, api_key_env, webhook_secret_env, status_rate_per_min, submit_rate_per_min, "
-     "webhook_url, on_unknown_create, min_poll_s)"),
+     "webhook_url, on_unknown_create, min_poll_s, currency, price_per_job, prices, "
+     "unit_prices, cap_per_day, cap_per_month, cap_timezone, cap_per_key_prefix, "
+     "max_creates_per_hour)"),
     ("an unknown field", account(KEYED, "colour = 'red'"), "colour",
      "unknown field (allowed for Sume: provider, base_url"),
     ("webhook_secret_env holding the secret", account(KEYED, f'webhook_secret_env = '

@@ -22,6 +22,7 @@ from vidpoll.cli.deliveries import deliveries
 from vidpoll.cli.jobs import jobs
 from vidpoll.cli.ops import demo_cmd, doctor_cmd, fake_sume_cmd, migrate_cmd
 from vidpoll.cli.serve import serve_cmd
+from vidpoll.cli.spend import spend_cmd
 from vidpoll.cli.submit import intents, submit_cmd
 from vidpoll.cli.worker import worker_cmd
 
@@ -116,4 +117,5 @@ main.add_command(deliveries)
 main.add_command(submit_cmd)
 main.add_command(intents)
 main.add_command(serve_cmd)
+main.add_command(spend_cmd)
 main.add_command(demo_cmd)

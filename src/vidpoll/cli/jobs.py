@@ -7,7 +7,7 @@ import signal
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
@@ -126,7 +126,8 @@ def jobs_show(job_id: str, as_json: bool) -> None:
     for name in ("job_id", "state", "provider_status", "account", "created_at", "finished_at",
                  "next_poll_at", "polls", "consecutive_errors", "errors_total",
                  "last_error_class", "last_http_status", "last_error", "last_request_id",
-                 "claimed_by", "idempotency_key"):
+                 "claimed_by", "idempotency_key", "cost", "provider_cost",
+                 "provider_cost_unit", "tags"):
         if shown.get(name) is not None:
             row.add_row(name, escape(_cell(shown[name])))
     if shown["archived"]:
@@ -136,7 +137,8 @@ def jobs_show(job_id: str, as_json: bool) -> None:
     if intent is not None:
         grid = Table.grid(padding=(0, 2))
         for name in ("key", "state", "account", "priority", "attempts", "created_at",
-                     "submitted_at", "error_code", "error_message", "resolution"):
+                     "submitted_at", "error_code", "error_message", "resolution", "estimate",
+                     "spend_status", "held_reason", "tags"):
             if intent.get(name) is not None:
                 grid.add_row(name, escape(_cell(intent[name])))
         grid.add_row("payload", escape(_compact(intent["payload"])))
@@ -336,18 +338,23 @@ def jobs_list(state: str | None, order: str | None, account: str | None, limit: 
     pending = state == "pending"
     when = "due" if pending else "finished" if state is not None else "created"
     # widths for 80 columns: 13 + 9 + 12 + 8 + 5 + 4, the last error the rest (14+)
-    for name, justify, width in (("job", "left", SHORT_ID_HEAD + 1 + SHORT_ID_TAIL),
-                                 ("state", "left", 9), ("account", "left", 12),
-                                 (when, "right", 8), ("polls", "right", 5),
-                                 ("errs", "right", 4), ("last error", "left", None)):
-        table.add_column(name, justify=justify, no_wrap=True,  # type: ignore[arg-type]
-                         overflow="ellipsis", min_width=width, max_width=width)
+    # a cost column only where a row has one (accounts with prices: vidpoll.spend)
+    costed = any(r.get("cost") is not None for r in rows)
+    columns: list[tuple[str, Literal["left", "right"], int | None]] = [
+        ("job", "left", SHORT_ID_HEAD + 1 + SHORT_ID_TAIL), ("state", "left", 9),
+        ("account", "left", 12), (when, "right", 8), ("polls", "right", 5),
+        ("errs", "right", 4), *((("cost", "right", 7),) if costed else ()),
+        ("last error", "left", None)]
+    for name, justify, width in columns:
+        table.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis",
+                         min_width=width, max_width=width)
     now = datetime.now(UTC)
     for r in rows:
         at = r["next_poll_at"] if pending else r["finished_at"] if state else r["created_at"]
         errors = f"{r['consecutive_errors']}" if r["consecutive_errors"] else ""
+        cost = [] if not costed else ["" if r.get("cost") is None else f"{r['cost']:.2f}"]
         table.add_row(_shown(short_id(r["job_id"])), _shown(r["state"]), _shown(r["account"]),
-                      _since(at, now), str(r["polls"]), errors,
+                      _since(at, now), str(r["polls"]), errors, *cost,
                       _shown(r["last_error_class"]))
     console.print(table)
     if not rows:

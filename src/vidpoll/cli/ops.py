@@ -139,7 +139,8 @@ def doctor_cmd(as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from vidpoll.doctor import FAIL, OK, WARN, check_providers, diagnose
+    from vidpoll.doctor import FAIL, OK, WARN, check_providers, diagnose, spend_findings
+    from vidpoll.providers import registry
     from vidpoll.sql import migrations
 
     settings = _settings()
@@ -154,6 +155,9 @@ def doctor_cmd(as_json: bool) -> None:
         {a: acc.api_key for a, acc in keyed.items()}, settings.http_timeout_s,
         providers={a: acc.provider for a, acc in keyed.items()},
         settings_of={a: base_url_setting(settings, a) for a in keyed}))
+    findings += spend_findings({
+        a: (acc.spend, getattr(registry.load(acc.provider), "cost_units", None) or {})
+        for a, acc in settings.accounts.items()})
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(f) for f in findings]))
     else:

@@ -26,6 +26,7 @@ from vidpoll.cli._common import (
     _settings,
     _stderr,
     _warn_line,
+    log,
 )
 from vidpoll.errors import ConfigError, InvalidIntent
 
@@ -66,12 +67,15 @@ BULK_BATCH = 200
 @click.option("--account", default="default", show_default=True,
               help="The account the render is billed to (vidpoll.toml's [accounts.NAME], or "
                    "the key SUME_API_KEY_<NAME>).")
+@click.option("--tag", "tag_args", multiple=True, metavar="NAME=VALUE",
+              help="A tag kept with the intent, its job and its cost (`vidpoll spend` sums "
+                   "by tag); repeatable.")
 @click.option("--model", help="The model the create runs, for a provider whose creates name "
                               "one (Sume's do not: its request body says everything).")
 def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, key: str | None,
                priority: int, bulk_file: Any, key_prefix: str, queue_only: bool, wait_: bool,
                timeout: float | None, max_active: int | None, as_json: bool,
-               account: str, model: str | None) -> None:
+               account: str, model: str | None, tag_args: tuple[str, ...]) -> None:
     """Record a paid submission durably, then send it once right away.
 
     Prints the job id when Sume answered 202, or says the intent is queued and why (exit 0 in
@@ -94,6 +98,7 @@ def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, ke
         _submit_file(settings, bulk_file, key_prefix, priority, account)
         return
     payload = _payload(prompt, params, json_source)
+    tags = _tags(tag_args)
     if max_active is not None:
         settings = dataclasses.replace(settings, max_active=max_active)
     if not queue_only:
@@ -106,7 +111,7 @@ def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, ke
     async def go() -> tuple[Submission, Job | None, str | None]:
         async with await Vidpoll.open(settings=settings) as vp:
             sub = await vp.record(payload, key=key, priority=priority, account=account,
-                                  explain=False, model=model)
+                                  explain=False, model=model, tags=tags)
             if sub.new:
                 # said at once: if anything fails from here on, this key is how to try again
                 _stderr(f"recorded intent {sub.key}")
@@ -186,6 +191,16 @@ def _payload(prompt: str | None, params: tuple[str, ...], json_source: Any) -> d
     if not payload:
         raise click.UsageError("nothing to submit: give --prompt, --param, --json or --file")
     return payload
+
+
+def _tags(tag_args: tuple[str, ...]) -> dict[str, str] | None:
+    """`--tag name=value ...`, checked (exit 2 on a bad one, before anything is recorded)."""
+    from vidpoll.spend import check_tags, parse_tag
+
+    try:
+        return check_tags(dict(parse_tag(t) for t in tag_args))
+    except InvalidIntent as exc:
+        raise click.BadParameter(str(exc), param_hint="--tag") from None
 
 
 def _report_submission(sub: Submission, as_json: bool) -> None:
@@ -294,9 +309,10 @@ def intents_show(key: str) -> None:
 
 
 @intents.command("list")
-@click.option("--state", type=click.Choice(["queued", "reconciling", "submitted", "rejected",
-                                           "unknown"]),
-              help="reconciling: a create without an idempotency key whose outcome is unknown, "
+@click.option("--state", type=click.Choice(["queued", "held", "reconciling", "submitted",
+                                           "rejected", "unknown"]),
+              help="held: a spend cap holds it (`intents release` sends one past it); "
+                   "reconciling: a create without an idempotency key whose outcome is unknown, "
                    "being looked up in the provider's records; unknown: a render may be "
                    "billed and no answer settles it; `intents resolve` settles them.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
@@ -309,6 +325,7 @@ def intents_list(state: str | None, limit: int, as_json: bool) -> None:
         return
     for i in rows:
         detail = i.job_id or (f"{i.error_code}: {i.error_message}" if i.error_code
+                              else (i.held_reason or "") if i.state == "held"
                               else (i.last_error or ""))
         click.echo(f"{_cell(i.key)}\t{i.state}\tattempts={i.attempts}\t{_cell(detail)}")
 
@@ -373,6 +390,20 @@ def intents_resolve(key: str, job_id: str | None, not_billed: bool) -> None:
         _stderr(f"error: {key!r} ({intent.state}) not settled: it is being sent right now "
                    "(try again in a few seconds), or it is not queued or unknown")
     sys.exit(1)
+
+
+@intents.command("release")
+@click.argument("key")
+def intents_release(key: str) -> None:
+    """Send a held intent past its spend cap (an operator's decision, logged): it is queued,
+    due now, and its cost counts like any other. Exit 1 if no intent of that key is held."""
+    account = _on_store(lambda store: store.release_held(key))
+    if account is None:
+        _stderr(f"error: no held intent with key {key!r} (`vidpoll intents list --state held`)")
+        sys.exit(1)
+    log.warning("intent %s released past its spend cap by an operator (account %s)", key,
+                account)
+    click.echo(f"{_cell(key)}: released past the cap, queued, due now")
 
 
 @intents.command("stats")

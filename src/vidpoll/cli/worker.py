@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from vidpoll.config import Settings
     from vidpoll.deliver import Deliverer
     from vidpoll.models import ClaimMode
+    from vidpoll.spend import AccountSpend
     from vidpoll.submitter import Submitter
     from vidpoll.worker import Worker
 
@@ -167,7 +168,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
             poll_floors={name: acc.min_poll_s for name, acc in settings.accounts.items()
                          if name in served and acc.min_poll_s is not None},
             vacuum_every_rows=vacuum_every, read_timeout_s=settings.http_timeout_s,
-            shutdown_timeout_s=shutdown_timeout)
+            shutdown_timeout_s=shutdown_timeout, spends=_spends(settings, served))
     except ConfigError as exc:
         _stderr(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)")
         sys.exit(2)
@@ -182,7 +183,8 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                 policy=settings.policy, worker_id=worker_id, accounts=served,
                 budgets=settings.budgets("create", served), shutdown_timeout_s=shutdown_timeout,
                 resend_unknown=frozenset(name for name, acc in settings.accounts.items()
-                                         if acc.on_unknown_create == "resend"))
+                                         if acc.on_unknown_create == "resend"),
+                spends=_spends(settings, served))
         except ConfigError as exc:
             _stderr(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)")
             sys.exit(2)
@@ -232,6 +234,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                 stopping = _Stopping(runners, ClaimMode(claim_mode), lease_s)
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, stopping.signalled, sig)
+                loop.add_signal_handler(signal.SIGHUP, _reload_spends, parts, served)
 
                 async def produce() -> None:
                     await asyncio.gather(*(p.run() for p in parts))
@@ -243,6 +246,33 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
             await store.close()
 
     _run(go())
+
+
+def _spends(settings: Settings, served: Sequence[str]) -> dict[str, AccountSpend]:
+    """The prices and caps of the accounts served (vidpoll.spend)."""
+    return {a: settings.accounts[a].spend for a in served if a in settings.accounts}
+
+
+def _reload_spends(parts: Sequence[Worker | Submitter], served: Sequence[str]) -> None:
+    """SIGHUP: read the accounts file again and apply its prices and caps (a cap raised lets
+    held intents go at once). Nothing else is reloaded: keys, URLs and rates need a restart.
+    A file with a mistake changes nothing (the error is logged)."""
+    from vidpoll.config import Settings
+    from vidpoll.worker import Worker
+
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        log.error("SIGHUP: the settings were not reloaded, the old prices and caps stay: %s",
+                  exc)
+        return
+    spends = _spends(settings, served)
+    for part in parts:
+        if isinstance(part, Worker):
+            part.config = dataclasses.replace(part.config, spends=spends)
+        else:
+            part.reload_spends(spends)
+    log.info("SIGHUP: prices and caps reloaded for %s", ", ".join(served))
 
 
 def _load_hook(spec: str) -> Any:

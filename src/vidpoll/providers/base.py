@@ -57,6 +57,13 @@ failed fetch keeps the old keys);
 `Provider.account_options` (a mapping of field name -> `AccountOption`: the provider's own
 fields in an `[accounts.NAME]` table, handed to `client()` in `ProviderOptions.extra`;
 `default_base_url` may name them, `https://{location}-aiplatform.googleapis.com`);
+`Rules.cost(body, outcome) -> Cost | None` (what an ended job cost, by the provider's own
+figure in its final status answer: Sume's `usage`, Replicate's `metrics.predict_time`,
+Runway's `cost` in credits; `Cost(0, ...)` when the provider charges nothing for this end, a
+refunded failure; None when the answer says nothing, and the estimate is kept) with
+`Provider.cost_units` (a mapping of each unit `cost` may name -> what it is, for the
+account's `[accounts.NAME.unit_prices]`: a unit priced there is converted to money, one that
+is not is recorded and never mixed into money);
 `Provider.key_setting` (`"api_key_env"` unless the account's credential is something else:
 Vertex AI's `"credentials_file"`, a service-account key file whose path is then the
 account's `api_key`, read by the client).
@@ -68,6 +75,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
@@ -122,6 +130,22 @@ class Unreadable:
 
 
 StatusView = Pending | Terminal | Unreadable
+
+CURRENCY = "currency"
+"""The unit of a `Cost` already in money, in the account's own currency (`currency` in the
+accounts file); only ever used for an amount of 0 (nothing charged), as a provider's answer
+never says which currency an account is billed in."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What a provider says an ended job cost (`Rules.cost`), in its own unit: `credit`
+    (Sume, Runway), `predict_second` (Replicate), ... as the provider's `cost_units` name
+    them; CURRENCY for money. An amount of 0 means the provider charged nothing (a refunded
+    failure): the job's reservation is released."""
+
+    amount: Decimal
+    unit: str
 
 
 class Rules(Protocol):

@@ -45,6 +45,7 @@ from vidpoll.store.retention import (
     PRUNE_STALE_S,
     PgRetention,
 )
+from vidpoll.store.spend import PgSpend
 
 __all__ = [
     "APP_NAME_MAX_BYTES",
@@ -70,7 +71,8 @@ __all__ = [
 ]
 
 
-class PgStore(PgJobs, PgIntents, PgBudgets, PgDeliveries, PgOperations, PgRetention):
+class PgStore(PgJobs, PgIntents, PgBudgets, PgDeliveries, PgOperations, PgRetention,
+              PgSpend):
     """The job table, through a small pool of autocommit connections. Its own two methods read
     across domains: a job with its deliveries, and everything doctor looks at."""
 

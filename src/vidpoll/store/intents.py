@@ -4,7 +4,7 @@ hand. Queries: intents.sql."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -19,14 +19,17 @@ from vidpoll.models import (
     REJECTED,
     SUBMITTED,
     UNKNOWN,
+    Claim,
     ClaimedIntent,
     Intent,
     SubmitOutcome,
 )
 from vidpoll.policy import validate_account, validate_job_id, validate_key, validate_payload
 from vidpoll.providers import registry
+from vidpoll.spend import AccountSpend
 from vidpoll.store.base import PgBase, _q
 from vidpoll.store.pool import translate_errors
+from vidpoll.store.spend import SpendCheck, check_claimed
 
 
 def _handle(outcome: SubmitOutcome) -> Jsonb | None:
@@ -44,7 +47,14 @@ def _intent(row: dict[str, Any]) -> Intent:
                   error_message=row["error_message"], account=row["account"],
                   unknown_outcome_at=row.get("unknown_outcome_at"),
                   resolution=row.get("resolution"), resolved_at=row.get("resolved_at"),
-                  provider=row.get("provider"), model=row.get("model"))
+                  provider=row.get("provider"), model=row.get("model"),
+                  tags=row.get("tags"), held_reason=row.get("held_reason"),
+                  held_cap=row.get("held_cap"), past_cap=bool(row.get("past_cap")),
+                  estimate=row.get("spend_estimate"), spend_status=row.get("spend_status"))
+
+
+def _tags(tags: Mapping[str, str] | None) -> Jsonb | None:
+    return Jsonb(dict(tags)) if tags else None
 
 
 def _claimed_intent(row: dict[str, Any]) -> ClaimedIntent:
@@ -62,7 +72,8 @@ class PgIntents(PgBase):
 
     async def add_intent(self, key: str, payload: dict[str, Any], priority: int = 0,
                          account: str = DEFAULT_ACCOUNT, *, provider: str | None = None,
-                         model: str | None = None) -> tuple[Intent, bool]:
+                         model: str | None = None,
+                         tags: Mapping[str, str] | None = None) -> tuple[Intent, bool]:
         """Record an intent before any POST; returns (intent, newly recorded).
 
         The same key with the same payload returns the existing intent untouched (a re-run is
@@ -74,7 +85,8 @@ class PgIntents(PgBase):
         payload = validate_payload(payload)
         row = await self._one("insert_intent", {
             "key": key, "payload": Jsonb(payload), "priority": priority, "account": account,
-            "provider": provider or registry.DEFAULT_PROVIDER, "model": model})
+            "provider": provider or registry.DEFAULT_PROVIDER, "model": model,
+            "tags": _tags(tags)})
         intent = await self.get_intent(key)
         assert intent is not None
         if row is None and (intent.payload != payload or intent.account != account
@@ -85,7 +97,8 @@ class PgIntents(PgBase):
 
     async def add_intents(self, items: Sequence[tuple[str, dict[str, Any], int]],
                           account: str = DEFAULT_ACCOUNT, *, provider: str | None = None,
-                          model: str | None = None) -> tuple[int, list[str]]:
+                          model: str | None = None,
+                          tags: Mapping[str, str] | None = None) -> tuple[int, list[str]]:
         """Bulk-record (key, payload, priority) in one transaction.
 
         Returns (how many were new, keys already recorded, or repeated in `items`, with a
@@ -104,7 +117,8 @@ class PgIntents(PgBase):
             cur = await conn.execute(_q("insert_intents"), {
                 "keys": [k for k, _, _ in items], "payloads": [Jsonb(p) for _, p, _ in items],
                 "priorities": [pr for _, _, pr in items], "account": validate_account(account),
-                "provider": provider or registry.DEFAULT_PROVIDER, "model": model})
+                "provider": provider or registry.DEFAULT_PROVIDER, "model": model,
+                "tags": _tags(tags)})
             new = {r[0] for r in await cur.fetchall()}
             old = [k for k, _, _ in items if k not in new]
             if old:
@@ -133,15 +147,34 @@ class PgIntents(PgBase):
                             account: str = DEFAULT_ACCOUNT,
                             now: datetime | None = None) -> list[ClaimedIntent]:
         """Claim one account's due intents (committed at once), within its admission cap."""
+        return (await self.claim_checked(limit, lease_s, worker_id, max_active, key,
+                                         account, now)).intents
+
+    async def claim_checked(self, limit: int, lease_s: float, worker_id: str,
+                            max_active: int | None, key: str | None = None,
+                            account: str = DEFAULT_ACCOUNT, now: datetime | None = None, *,
+                            spend: AccountSpend | None = None,
+                            spend_now: datetime | None = None) -> Claim:
+        """Claim one account's due intents (committed at once), within its admission cap and,
+        with `spend`, its caps: each create's estimate reserved in the same transaction (or,
+        without prices, only counted: max_creates_per_hour, the burst warning, `vidpoll
+        spend`), the intents that do not fit held (vidpoll.store.spend). `spend_now`: the clock the caps'
+        windows are counted by (tests turn the day with it); None: the database's."""
         params = {"limit": limit, "lease_s": lease_s, "worker_id": worker_id,
                   "max_active": max_active, "key": key, "now": now, "account": account}
+        guarded = spend is not None  # (no prices: every create is still in the ledger)
+        check = SpendCheck([], [])
         async with translate_errors(), self._pool.connection() as conn, conn.transaction():
-            if max_active is not None:
+            if max_active is not None or guarded:
                 await conn.execute(_q("lock_admission"), {"account": account})
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(_q("claim_intents"), params)
             rows = await cur.fetchall()
-        return [_claimed_intent(r) for r in rows]
+            if guarded and rows:
+                assert spend is not None
+                rows, check = await check_claimed(conn, account, spend, rows,
+                                                  spend_now if spend_now is not None else now)
+        return Claim([_claimed_intent(r) for r in rows], check.held, check.warnings)
 
     async def claim_unknown_intents(self, limit: int, lease_s: float, worker_id: str,
                                     account: str = DEFAULT_ACCOUNT,

@@ -4,15 +4,18 @@
 -- name: insert_intent
 -- Records an intent. ON CONFLICT keeps the first: a key we already have is never re-queued or
 -- changed, so recording again after a crash or a re-run cannot send a second POST.
-INSERT INTO video_intents (idempotency_key, payload, priority, account, provider, model)
-VALUES (%(key)s, %(payload)s, %(priority)s, %(account)s, %(provider)s, %(model)s)
+INSERT INTO video_intents (idempotency_key, payload, priority, account, provider, model,
+                           tags)
+VALUES (%(key)s, %(payload)s, %(priority)s, %(account)s, %(provider)s, %(model)s,
+        %(tags)s::jsonb)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING idempotency_key;
 
 -- name: insert_intents
 -- The bulk path (`submit --file`): one statement per batch; returns the keys that were new.
-INSERT INTO video_intents (idempotency_key, payload, priority, account, provider, model)
-SELECT k, p, pr, %(account)s, %(provider)s, %(model)s
+INSERT INTO video_intents (idempotency_key, payload, priority, account, provider, model,
+                           tags)
+SELECT k, p, pr, %(account)s, %(provider)s, %(model)s, %(tags)s::jsonb
 FROM unnest(%(keys)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[]) AS u(k, p, pr)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING idempotency_key;
@@ -23,7 +26,10 @@ RETURNING idempotency_key;
 SELECT idempotency_key, payload FROM video_intents WHERE idempotency_key = ANY(%(keys)s::text[]);
 
 -- name: get_intent
-SELECT * FROM video_intents WHERE idempotency_key = %(key)s;
+-- With its reservation, if it was sent (0017).
+SELECT i.*, s.estimate AS spend_estimate, s.status AS spend_status
+FROM video_intents i LEFT JOIN vidpoll_spend s USING (idempotency_key)
+WHERE i.idempotency_key = %(key)s;
 
 -- name: get_intent_by_job
 SELECT * FROM video_intents WHERE job_id = %(job_id)s ORDER BY seq LIMIT 1;
@@ -117,6 +123,23 @@ retries AS (
                    - (SELECT count(*) FROM lookups))
   FOR UPDATE SKIP LOCKED
 ),
+held AS (
+  -- intents a cap held (0017) whose window turned or whose budget freed: checked again by the
+  -- caller (vidpoll.store.spend) before they go, oldest first, ahead of fresh ones; each needs
+  -- a free slot like a fresh intent (their own small partial index)
+  SELECT ctid, claim_token AS old_token FROM video_intents
+  WHERE state = 'held' AND account = %(account)s
+    AND NOT (SELECT yes FROM paused)
+    AND next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+    AND (%(key)s::text IS NULL OR idempotency_key = %(key)s::text)
+  ORDER BY priority DESC, seq
+  LIMIT greatest(0, least(
+    %(limit)s - (SELECT count(*) FROM unknowns) - (SELECT count(*) FROM lookups)
+      - (SELECT count(*) FROM retries),
+    CASE WHEN %(max_active)s::int IS NULL THEN %(limit)s
+         ELSE %(max_active)s::int - (SELECT n FROM active) END))
+  FOR UPDATE SKIP LOCKED
+),
 fresh AS (
   SELECT ctid, claim_token AS old_token FROM video_intents
   WHERE state = 'queued' AND attempts = 0 AND account = %(account)s
@@ -126,14 +149,15 @@ fresh AS (
   ORDER BY priority DESC, seq
   LIMIT greatest(0, least(
     %(limit)s - (SELECT count(*) FROM unknowns) - (SELECT count(*) FROM lookups)
-      - (SELECT count(*) FROM retries),
+      - (SELECT count(*) FROM retries) - (SELECT count(*) FROM held),
     CASE WHEN %(max_active)s::int IS NULL THEN %(limit)s
-         ELSE %(max_active)s::int - (SELECT n FROM active)
+         ELSE %(max_active)s::int - (SELECT n FROM active) - (SELECT count(*) FROM held)
               - coalesce((SELECT n FROM ahead), 0) END))
   FOR UPDATE SKIP LOCKED
 ),
 picked AS (SELECT ctid, old_token FROM unknowns UNION ALL SELECT ctid, old_token FROM lookups
            UNION ALL SELECT ctid, old_token FROM retries
+           UNION ALL SELECT ctid, old_token FROM held
            UNION ALL SELECT ctid, old_token FROM fresh)
 UPDATE video_intents AS i
 -- the lease starts now, by the wall clock: now() is when the transaction began, before the wait
@@ -144,11 +168,14 @@ SET next_attempt_at = coalesce(%(now)s::timestamptz, clock_timestamp())
     claim_token = gen_random_uuid(),
     claimed_by = %(worker_id)s,
     claimed_at = coalesce(%(now)s::timestamptz, now()),
+    -- a held intent goes as a fresh one (the caller holds it again if it still does not fit)
+    state = CASE WHEN i.state = 'held' THEN 'queued' ELSE i.state END,
+    held_reason = NULL, held_cap = NULL,
     -- a look-up in the provider's records is no POST
     attempts = i.attempts + CASE WHEN i.state = 'reconciling' THEN 0 ELSE 1 END,
     -- a POST may go out now: the window of unsettled creates begins at this claim (a
     -- previous unsettled one keeps its earlier start)
-    create_window_from = CASE WHEN i.state = 'queued'
+    create_window_from = CASE WHEN i.state IN ('queued', 'held')
                               THEN coalesce(i.create_window_from,
                                             coalesce(%(now)s::timestamptz, now()))
                               ELSE i.create_window_from END,
@@ -179,7 +206,9 @@ RETURNING i.idempotency_key, i.claim_token, i.payload, i.attempts, i.consecutive
           -- unknown (no POST goes out while an intent is reconciling), else now (the dead
           -- claim's POST went out before its lease ended)
           coalesce(i.unknown_outcome_at, coalesce(%(now)s::timestamptz, now())) AS window_to,
-          i.last_http_status;
+          i.last_http_status,
+          -- for the spend check (vidpoll.store.spend): order, tags, an operator's release
+          i.seq, i.priority, i.tags, i.past_cap, i.provider;
 
 -- name: claim_unknown_intents
 -- While an account's submitting is paused for credits (402), its `unknown` intents still go
@@ -227,7 +256,9 @@ SELECT
   (SELECT count(*) FROM video_intents WHERE state = 'reconciling'
      AND (%(account)s::text IS NULL OR account = %(account)s)) AS reconciling,
   (SELECT count(*) FROM video_intents WHERE state = 'queued'
-     AND (%(account)s::text IS NULL OR account = %(account)s)) AS queued;
+     AND (%(account)s::text IS NULL OR account = %(account)s)) AS queued,
+  (SELECT count(*) FROM video_intents WHERE state = 'held'
+     AND (%(account)s::text IS NULL OR account = %(account)s)) AS held;
 
 -- name: intents_ahead
 -- Queued intents that go out before this one (FIFO within priority).
@@ -243,7 +274,7 @@ WHERE me.idempotency_key = %(key)s AND a.state = 'queued' AND a.account = me.acc
 -- failed: the id is Sume's answer for this key whoever asked, and a paid job must be tracked.
 WITH job AS (
   INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key, account, provider,
-                          handle)
+                          handle, tags)
   VALUES (%(job_id)s, 'pending',
           coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
           %(key)s,
@@ -252,7 +283,9 @@ WITH job AS (
           coalesce((SELECT provider FROM video_intents WHERE idempotency_key = %(key)s),
                    %(provider)s),
           -- the provider's handle of the job (0016): the URLs fal says never to build
-          %(handle)s::jsonb)
+          %(handle)s::jsonb,
+          -- `submit --tag` (0017)
+          (SELECT tags FROM video_intents WHERE idempotency_key = %(key)s))
   ON CONFLICT (job_id) DO UPDATE
     SET idempotency_key = coalesce(video_jobs.idempotency_key, EXCLUDED.idempotency_key),
         handle = coalesce(video_jobs.handle, EXCLUDED.handle)
@@ -351,11 +384,12 @@ WITH i AS (
                       AND j.idempotency_key <> %(key)s)
     AND NOT EXISTS (SELECT 1 FROM video_intents o
                     WHERE o.job_id = %(job_id)s AND o.idempotency_key <> %(key)s)
-  RETURNING idempotency_key, account, provider
+  RETURNING idempotency_key, account, provider, tags
 ), job AS (
-  INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key, account, provider)
+  INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key, account, provider,
+                          tags)
   SELECT %(job_id)s, 'pending', coalesce(%(now)s::timestamptz, now()), i.idempotency_key,
-         i.account, i.provider
+         i.account, i.provider, i.tags
   FROM i
   ON CONFLICT (job_id) DO UPDATE
     SET idempotency_key = coalesce(video_jobs.idempotency_key, EXCLUDED.idempotency_key)
@@ -372,7 +406,7 @@ UPDATE video_intents
 SET state = 'rejected', rejected_at = coalesce(%(now)s::timestamptz, now()),
     resolution = 'not_billed', resolved_at = coalesce(%(now)s::timestamptz, now()),
     updated_at = coalesce(%(now)s::timestamptz, now()), claim_token = NULL
-WHERE idempotency_key = %(key)s AND state IN ('queued', 'unknown', 'reconciling')
+WHERE idempotency_key = %(key)s AND state IN ('queued', 'unknown', 'reconciling', 'held')
   AND (claim_token IS NULL OR next_attempt_at <= coalesce(%(now)s::timestamptz, now()))
 RETURNING idempotency_key;
 
@@ -406,12 +440,13 @@ WHERE (idempotency_key = ANY(%(keys)s::text[])
 RETURNING idempotency_key;
 
 -- name: next_intent_due_in
--- Seconds until the earliest queued or `unknown` intent of `accounts` is due (database
+-- Seconds until the earliest queued, `held` (its window's turn) or `unknown` intent of
+-- `accounts` is due (database
 -- clock), counting only the unknown ones of `unknown_accounts` (paused for credits); NULL if
 -- none is waiting.
 SELECT extract(epoch FROM min(next_attempt_at) - now())::float8 AS next_due_in_s
 FROM video_intents
-WHERE (state = 'queued' AND account = ANY(%(accounts)s::text[]))
+WHERE (state IN ('queued', 'held') AND account = ANY(%(accounts)s::text[]))
    OR (state IN ('unknown', 'reconciling')
        AND account = ANY(%(accounts)s::text[] || %(unknown_accounts)s::text[]));
 
@@ -463,10 +498,10 @@ RETURNING idempotency_key;
 -- its key and adopts nothing).
 WITH job AS (
   INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key, account, provider,
-                          handle)
+                          handle, tags)
   SELECT %(job_id)s, 'pending',
          coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
-         i.idempotency_key, i.account, i.provider, %(handle)s::jsonb
+         i.idempotency_key, i.account, i.provider, %(handle)s::jsonb, i.tags
   FROM video_intents i
   WHERE i.idempotency_key = %(key)s AND i.claim_token = %(token)s
     AND i.state IN ('queued', 'reconciling')

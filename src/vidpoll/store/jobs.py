@@ -45,6 +45,8 @@ def job_view(row: dict[str, Any], state: str, files: Any) -> Job:
                finished_at=row["finished_at"], idempotency_key=row["idempotency_key"],
                account=row["account"], result=row["result"], result_state=row["result_state"],
                outcome=row.get("outcome"), provider=row.get("provider"),
+               cost=row.get("cost"), provider_cost=row.get("provider_cost"),
+               provider_cost_unit=row.get("provider_cost_unit"), tags=row.get("tags"),
                files=tuple(MediaFile(f["path"], f["size"], f["sha256"], f["url"])
                            for f in listed))
 
@@ -62,7 +64,11 @@ def _outcome_params(outcomes: Sequence[Outcome], now: datetime | None) -> dict[s
          "provider_status": o.provider_status, "body": o.body, "request_id": o.request_id,
          "age_s": max(0.0, sent - o.answered_mono) if o.answered_mono else 0.0,
          "succeeded": o.succeeded, "outcome": o.outcome,
-         "inline": o.inline_result and o.succeeded}
+         "inline": o.inline_result and o.succeeded,
+         # amounts as text: exact decimals through JSON (0017)
+         "cost": None if o.cost is None else str(o.cost),
+         "provider_cost": None if o.provider_cost is None else str(o.provider_cost),
+         "provider_cost_unit": o.provider_cost_unit}
         for o in outcomes], allow_nan=False), "now": now}
 
 

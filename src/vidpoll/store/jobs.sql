@@ -64,12 +64,19 @@ WITH o AS (
   FROM jsonb_to_recordset(%(outcomes)s::jsonb)
        AS o(job_id text, claim_token uuid, state text, delay_s float8, read_ok bool,
             http_status int, error_class text, error text, provider_status text, body jsonb,
-            request_id text, age_s float8, succeeded bool, outcome text, inline bool)
+            request_id text, age_s float8, succeeded bool, outcome text, inline bool,
+            cost numeric, provider_cost numeric, provider_cost_unit text)
 )
 UPDATE video_jobs AS j
 SET state = o.state,
     -- the neutral outcome (0014): what results, deliveries, hooks and metrics go by
     outcome = o.outcome,
+    -- what the ended job cost (0017): the worker's figure; NULL lets the spend trigger put
+    -- the estimate reserved for it
+    cost = CASE WHEN o.state = 'pending' THEN j.cost ELSE o.cost END,
+    provider_cost = CASE WHEN o.state = 'pending' THEN j.provider_cost ELSE o.provider_cost END,
+    provider_cost_unit = CASE WHEN o.state = 'pending' THEN j.provider_cost_unit
+                              ELSE o.provider_cost_unit END,
     -- a webhook poked the row while this read was in flight: read it again at once
     next_poll_at = CASE WHEN o.state = 'pending'
                         THEN o.answered_at + make_interval(
@@ -215,7 +222,8 @@ FROM video_job_events WHERE job_id = %(job_id)s ORDER BY id;
 -- name: list_pending
 -- Pending rows in due order (the partial index), after a keyset cursor: stays fast at any depth.
 SELECT job_id, state, account, next_poll_at, polls, consecutive_errors, last_error_class,
-       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token
+       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token,
+       cost
 FROM video_jobs
 WHERE state = 'pending'
   AND (%(account)s::text IS NULL OR account = %(account)s)
@@ -230,7 +238,8 @@ LIMIT %(limit)s;
 -- Finished rows (one final state, or all of them), newest first, through the partial index
 -- on finished_at, after a keyset cursor.
 SELECT job_id, state, account, next_poll_at, polls, consecutive_errors, last_error_class,
-       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token
+       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token,
+       cost
 FROM video_jobs
 WHERE state <> 'pending'
   AND (%(state)s::text IS NULL OR state = %(state)s)
@@ -243,7 +252,8 @@ LIMIT %(limit)s;
 -- name: list_all
 -- Every row by job id (the primary key), after a keyset cursor.
 SELECT job_id, state, account, next_poll_at, polls, consecutive_errors, last_error_class,
-       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token
+       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token,
+       cost
 FROM video_jobs
 WHERE (%(account)s::text IS NULL OR account = %(account)s)
   AND (%(after_id)s::text IS NULL OR job_id > %(after_id)s)
@@ -253,7 +263,8 @@ LIMIT %(limit)s;
 -- name: list_finished_oldest
 -- list_finished oldest first: the same index, scanned backwards.
 SELECT job_id, state, account, next_poll_at, polls, consecutive_errors, last_error_class,
-       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token
+       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token,
+       cost
 FROM video_jobs
 WHERE state <> 'pending'
   AND (%(state)s::text IS NULL OR state = %(state)s)
@@ -268,7 +279,8 @@ LIMIT %(limit)s;
 -- no index on created_at (none is worth its writes for an operator's listing), so each page
 -- is one scan and a top-N sort, the same cost at any depth.
 SELECT job_id, state, account, next_poll_at, polls, consecutive_errors, last_error_class,
-       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token
+       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token,
+       cost
 FROM video_jobs
 WHERE (%(account)s::text IS NULL OR account = %(account)s)
   AND (NOT %(pending_only)s::bool OR state = 'pending')
@@ -280,7 +292,8 @@ LIMIT %(limit)s;
 -- name: list_created_oldest
 -- list_created_newest oldest first.
 SELECT job_id, state, account, next_poll_at, polls, consecutive_errors, last_error_class,
-       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token
+       last_http_status, provider_status, created_at, finished_at, claimed_by, claim_token,
+       cost
 FROM video_jobs
 WHERE (%(account)s::text IS NULL OR account = %(account)s)
   AND (NOT %(pending_only)s::bool OR state = 'pending')

@@ -5,6 +5,7 @@ job due now: vidpoll.web.webhooks), the dashboard (vidpoll.web.dashboard), Prome
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -158,6 +159,9 @@ def add_health_and_metrics(app: web.Application, store: PgStore,
                 else:
                     export_figures(figures, time.time())
                     refreshed[0] = time.monotonic()
+                    with contextlib.suppress(DatabaseUnavailable):  # the ledger (0017)
+                        metrics.export_spend(await store.spend_totals(),
+                                             await store.held_by_cap())
             body += generate_latest(metrics.TABLE_REGISTRY)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

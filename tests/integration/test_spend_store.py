@@ -1,0 +1,74 @@
+"""Caps in the store: reservations under concurrency, holds, refunds, the window's turn."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from vidpoll.models import HELD
+from vidpoll.spend import AccountSpend
+from vidpoll.store import PgStore
+
+FLAT = AccountSpend(prices={"default": Decimal("0.50")}, cap_per_day=Decimal("10"))
+NOON = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+
+
+async def _claim_all(store: PgStore, spend: AccountSpend, who: str,
+                     now: datetime | None = NOON) -> tuple[list[str], list[str]]:
+    """Claim until nothing is due; the keys sent and held by this claimer."""
+    sent: list[str] = []
+    held: list[str] = []
+    while True:
+        # a lease of days: what was sent is not due again when the test turns the day
+        claim = await store.claim_checked(3, 3 * 86400.0, who, None, now=now, spend=spend)
+        if not claim.intents and not claim.held:
+            return sent, held
+        sent += [i.key for i in claim.intents]
+        held += [h.key for h in claim.held]
+
+
+async def test_concurrent_claimers_never_exceed_the_day_cap(store: PgStore) -> None:
+    for n in range(60):
+        await store.add_intent(f"k-{n:03d}", {"n": n})
+    results = await asyncio.gather(*(_claim_all(store, FLAT, f"w{i}") for i in range(6)))
+    sent = [k for s, _ in results for k in s]
+    held = [k for _, h in results for k in h]
+    assert len(sent) == 20 and len(set(sent)) == 20
+    assert len(held) == 40
+    # oldest first: the first 20 keys went
+    assert sorted(sent) == [f"k-{n:03d}" for n in range(20)]
+    intent = await store.get_intent("k-059")
+    assert intent is not None and intent.state == HELD and intent.held_cap == "cap_per_day"
+    assert intent.held_reason is not None and "10.00 USD" in intent.held_reason
+    assert intent.next_attempt_at == datetime(2026, 12, 7, tzinfo=UTC)
+    # the day turns: the 20 oldest held go, the rest wait for the next day
+    next_day = NOON + timedelta(days=1)
+    sent2, held2 = await _claim_all(store, FLAT, "w9", now=next_day)
+    assert sorted(sent2) == [f"k-{n:03d}" for n in range(20, 40)]
+    assert len(held2) == 20
+    again = await store.get_intent("k-059")
+    assert again is not None and again.state == HELD
+    assert again.next_attempt_at == datetime(2026, 12, 8, tzinfo=UTC)
+
+
+async def test_a_refunded_failure_frees_budget_and_wakes_held_intents(store: PgStore) -> None:
+    spend = AccountSpend(prices={"default": Decimal("0.50")}, cap_per_day=Decimal("1"))
+    for n in range(3):
+        await store.add_intent(f"r-{n}", {"n": n})
+    sent, held = await _claim_all(store, spend, "w", now=None)
+    assert (len(sent), held) == (2, ["r-2"])
+    async with store._pool.connection() as conn:
+        await conn.execute("INSERT INTO video_jobs (job_id, idempotency_key) VALUES "
+                           "('j0', 'r-0'), ('j1', 'r-1')")
+        # one ends charged (the estimate kept), one refunded by the provider (cost 0)
+        await conn.execute("UPDATE video_jobs SET state = 'completed' WHERE job_id = 'j0'")
+        await conn.execute("UPDATE video_jobs SET state = 'failed', cost = 0 "
+                           "WHERE job_id = 'j1'")
+        cur = await conn.execute("SELECT job_id, cost FROM video_jobs ORDER BY job_id")
+        assert await cur.fetchall() == [("j0", Decimal("0.50")), ("j1", Decimal("0"))]
+    woken = await store.get_intent("r-2")
+    assert woken is not None and woken.state == HELD
+    assert woken.next_attempt_at <= datetime.now(UTC) + timedelta(seconds=5)
+    sent, held = await _claim_all(store, spend, "w", now=None)
+    assert (sent, held) == (["r-2"], [])
