@@ -32,7 +32,9 @@ FROM video_intents i LEFT JOIN vidpoll_spend s USING (idempotency_key)
 WHERE i.idempotency_key = %(key)s;
 
 -- name: get_intent_by_job
-SELECT * FROM video_intents WHERE job_id = %(job_id)s ORDER BY seq LIMIT 1;
+SELECT i.*, s.estimate AS spend_estimate, s.status AS spend_status
+FROM video_intents i LEFT JOIN vidpoll_spend s USING (idempotency_key)
+WHERE i.job_id = %(job_id)s ORDER BY i.seq LIMIT 1;
 
 -- name: list_intents
 SELECT * FROM video_intents
