@@ -34,3 +34,20 @@ SELECT EXISTS (SELECT 1 FROM vidpoll_dashboard_sessions
 -- Log a session out: its cookie, however copied, signs nobody in again.
 DELETE FROM vidpoll_dashboard_sessions WHERE digest = %(digest)s
 RETURNING true AS ended;
+
+-- name: spend_accounts_since
+-- The accounts with ledger rows from %(since)s on (the dashboard's spend page: an account no
+-- longer in the settings still shows what it spent). The recursive CTE is a skip scan of
+-- vidpoll_spend_day_idx (account, day): one short index probe per account, however long the
+-- ledger grows; each account's EXISTS is one more probe of the same index.
+WITH RECURSIVE accounts AS (
+  (SELECT account FROM vidpoll_spend ORDER BY account LIMIT 1)
+  UNION ALL
+  SELECT (SELECT s.account FROM vidpoll_spend s WHERE s.account > a.account
+          ORDER BY s.account LIMIT 1)
+  FROM accounts a WHERE a.account IS NOT NULL
+)
+SELECT a.account FROM accounts a
+WHERE a.account IS NOT NULL
+  AND EXISTS (SELECT 1 FROM vidpoll_spend s WHERE s.account = a.account AND s.day >= %(since)s)
+ORDER BY a.account;

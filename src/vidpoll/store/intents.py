@@ -158,8 +158,9 @@ class PgIntents(PgBase):
         """Claim one account's due intents (committed at once), within its admission cap and,
         with `spend`, its caps: each create's estimate reserved in the same transaction (or,
         without prices, only counted: max_creates_per_hour, the burst warning, `vidpoll
-        spend`), the intents that do not fit held (vidpoll.store.spend). `spend_now`: the clock the caps'
-        windows are counted by (tests turn the day with it); None: the database's."""
+        spend`), the intents that do not fit held (vidpoll.store.spend). `spend_now`: the
+        clock the caps' windows are counted by (tests turn the day with it); None: the
+        database's."""
         params = {"limit": limit, "lease_s": lease_s, "worker_id": worker_id,
                   "max_active": max_active, "key": key, "now": now, "account": account}
         guarded = spend is not None  # (no prices: every create is still in the ledger)

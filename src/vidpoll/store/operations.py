@@ -1,12 +1,12 @@
 """Operations: VACUUM of the hot table, per-minute counters, the figures of `jobs stats`,
 /metrics and the dashboard's overview (never a scan of video_jobs), the dashboard's sign-in
-state, which workers are connected, and what `doctor` reads. Queries: operations.sql,
-scrape.sql, dashboard.sql, presence.sql."""
+state and the accounts of its spend page, which workers are connected, and what `doctor`
+reads. Queries: operations.sql, scrape.sql, dashboard.sql, presence.sql."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 import psycopg
@@ -75,6 +75,12 @@ class PgOperations(PgBase):
     async def end_dashboard_session(self, digest: bytes) -> bool:
         """Log a session out for every `serve`; False: it was not signed in (any more)."""
         return await self._one("end_dashboard_session", {"digest": digest}) is not None
+
+    async def spend_accounts_since(self, since: date) -> list[str]:
+        """The accounts with ledger rows (vidpoll_spend) from `since` on: the dashboard's
+        spend page shows them even when the settings no longer name them."""
+        return [r["account"] for r in await self._all("spend_accounts_since",
+                                                      {"since": since})]
 
     # -- figures: `jobs stats`, the overview, doctor -------------------------------------------
     async def counts(self) -> dict[str, int]:

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -19,6 +19,7 @@ from vidpoll.config import ProxyNetwork
 from vidpoll.errors import DatabaseUnavailable, SchemaError
 from vidpoll.providers import registry
 from vidpoll.providers.registry import DEFAULT_PROVIDER
+from vidpoll.spend import AccountSpend
 from vidpoll.store import PgStore
 from vidpoll.web.dashboard import FailureLimiter, Guard, client_of, setup_dashboard
 from vidpoll.web.figures import TableFigures, read_figures
@@ -65,7 +66,8 @@ def make_app(store: PgStore, webhook_secrets: WebhookSecrets | str | None,
              trusted_proxies: Sequence[ProxyNetwork] = (),
              webhook_events_retention_s: float | None = None,
              webhook_prune_every_s: float = PRUNE_EVERY_S,
-             webhook_log_every_s: float = REJECT_LOG_EVERY_S) -> web.Application:
+             webhook_log_every_s: float = REJECT_LOG_EVERY_S,
+             spends: Mapping[str, AccountSpend] | None = None) -> web.Application:
     """The application. `webhook_secrets`: provider name -> its webhook secret(s), the
     providers whose POST /webhooks/<name> this app serves (503 for one without a secret, 404
     for any other name; ConfigError for a name the registry does not know); a bare secret, or
@@ -80,7 +82,8 @@ def make_app(store: PgStore, webhook_secrets: WebhookSecrets | str | None,
     X-Forwarded-For names the client a budget is kept for (VIDPOLL_TRUSTED_PROXIES).
     `webhook_events_retention_s`: as Settings.webhook_events_retention_s (None: the replay
     window plus an hour; inf: never); with any secret, webhook events older than that are
-    deleted at start and every `webhook_prune_every_s` (vidpoll.web.webhooks)."""
+    deleted at start and every `webhook_prune_every_s` (vidpoll.web.webhooks). `spends`: the
+    accounts' prices and caps (vidpoll.spend), drawn on the dashboard's spend page."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[STORE] = store
 
@@ -98,7 +101,7 @@ def make_app(store: PgStore, webhook_secrets: WebhookSecrets | str | None,
     if dashboard:
         setup_dashboard(app, store, guard, secrets=[
             *(s for given in webhook_secrets.values() for s in secrets_of(given)),
-            *((metrics_token,) if metrics_token else ())])
+            *((metrics_token,) if metrics_token else ())], spends=spends)
     return app
 
 

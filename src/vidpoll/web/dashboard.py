@@ -4,7 +4,9 @@ Pages: the overview (counts, exact for pending rows and estimated for finished o
 table: vidpoll.web.figures; backlog, lateness and reads over the last hour as SVG charts,
 recent errors, stuck claims, deliveries), the jobs table (filters, keyset paging that stays fast
 at a million rows), a job's detail (row, intent, result without signed query strings,
-deliveries, history) with its actions (resume, poll now, retry the intent).
+deliveries, history, cost and tags) with its actions (resume, poll now, retry the intent),
+the intents by state (a held one with why), and this month's spend per account (a bar per
+day, spent and reserved apart, against the day cap; the month against its cap: `spend`).
 
 Security (Guard): every state-changing action is a POST carrying a CSRF token (an HMAC of the
 session, checked in constant time) and, when the browser says where it comes from, the same
@@ -35,7 +37,8 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
@@ -47,6 +50,7 @@ from vidpoll.config import ProxyNetwork
 from vidpoll.logs import Redactor, secrets_from_env
 from vidpoll.media import without_signatures
 from vidpoll.models import (
+    HELD,
     LOCAL_TERMINAL_STATES,
     PENDING,
     QUEUED,
@@ -56,6 +60,7 @@ from vidpoll.models import (
     UNKNOWN,
 )
 from vidpoll.providers import registry
+from vidpoll.spend import NO_SPEND, AccountSpend, month_start
 from vidpoll.store import InvalidCursor, PgStore
 from vidpoll.web.figures import COUNT_CAP_ROWS, EXACT_ROWS, STUCK_WALK_ROWS, read_figures
 
@@ -67,7 +72,7 @@ FORWARDED_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real
 DONE_WORDS = frozenset({"poll_now", "resume", "poll_now_refused", "resume_refused", "retried",
                         "retry_refused"})
 CHART_MINUTES = 60
-INTENT_STATES = (REJECTED, UNKNOWN, RECONCILING, QUEUED, SUBMITTED)
+INTENT_STATES = (REJECTED, UNKNOWN, HELD, RECONCILING, QUEUED, SUBMITTED)
 
 KDF_N, KDF_R, KDF_P = 2**15, 8, 1
 """scrypt's cost for the signing key: 32 MiB and about 80 ms of one core (measured on the 2-core
@@ -459,9 +464,14 @@ def shown(redact: Redactor) -> Callable[[Any], Any]:
 
 
 def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
-                    secrets: Iterable[str] = ()) -> None:
+                    secrets: Iterable[str] = (), *,
+                    spends: Mapping[str, AccountSpend] | None = None,
+                    clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
     """Add the dashboard's routes and its guard to `app`; `secrets` (besides those of the
-    environment and the dashboard token) are never shown."""
+    environment and the dashboard token) are never shown. `spends`: each account's prices
+    and caps (Settings.accounts[name].spend) for the spend page and the jobs' currency;
+    `clock`: what "this month" is counted from (tests fix it)."""
+    spends = dict(spends or {})
     redact = Redactor([s for s in (*secrets_from_env(), *secrets, guard.token or "")
                        if len(s) >= 4])
     env = jinja2.Environment(loader=jinja2.PackageLoader("vidpoll.web", "templates"),
@@ -471,6 +481,8 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
     env.filters["ago"] = _ago
     env.filters["q"] = lambda v: quote(str(v), safe="")
     env.filters["n"] = lambda v: f"{v:,}"  # 9,405,000: readable at 10M rows
+    env.globals["money"] = _money
+    env.filters["figure"] = _figure
     env.globals["STATES"] = states = registry.job_states()
 
     def render(request: web.Request, name: str, status: int = 200,
@@ -566,7 +578,9 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
             return render(request, "missing.html", status=404, job_id=job_id)
         intent = await store.intent_of_job(job_id)
         result = row.pop("result", None)
+        priced = spends.get(row["account"], NO_SPEND)
         return render(request, "job.html", job=without_signatures(row), archived=archived,
+                      currency=priced.currency if priced.priced else None,
                       intent=intent, result=without_signatures(result),
                       history=await store.job_history(job_id),
                       deliveries=without_signatures(await store.job_deliveries(job_id)),
@@ -596,6 +610,19 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
         return render(request, "intents.html", state=state, states=INTENT_STATES,
                       rows=await store.list_intents(state, 200), done=_done(request),
                       counts=await store.intent_counts())
+
+    async def spend(request: web.Request) -> web.Response:
+        now = clock()
+        # the earliest first of a month anywhere on Earth now (zones run to UTC-12)
+        since = month_start((now.astimezone(UTC) - timedelta(hours=14)).date())
+        held = await store.held_by_cap()
+        names = sorted({*spends, *(r["account"] for r in held),
+                        *await store.spend_accounts_since(since)})
+        windows = {name: month_of(spends.get(name, NO_SPEND), now) for name in names}
+        by_day, by_tag = await store.spend_rows(windows) if windows else ([], [])
+        views = spend_views(spends, windows, by_day, by_tag, held, now)
+        return render(request, "spend.html", accounts=views,
+                      held_total=sum(v.held_n for v in views))
 
     async def retry_intent(request: web.Request) -> web.StreamResponse:
         form = await form_of(request)
@@ -639,6 +666,7 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
     app.router.add_post("/jobs/action", action)
     app.router.add_get("/intents", intents)
     app.router.add_post("/intents/retry", retry_intent)
+    app.router.add_get("/spend", spend)
     app.router.add_route("*", "/login", login)
     app.router.add_post("/logout", logout)
     app.router.add_static("/static", _static_dir())
@@ -728,6 +756,199 @@ def _bar_chart(points: list[tuple[datetime, float]], title: str, unit: str) -> M
            f'<svg viewBox="0 0 {width} {height}" role="img" aria-label="{escape(summary)}" '
            f'preserveAspectRatio="none"><title>{escape(summary)}</title>{"".join(bars)}</svg>'
            f'<p class="summary">{escape(summary)}</p></figure>')
+    return Markup(svg)
+
+
+def _money(amount: Decimal | None, currency: str | None = None) -> str:
+    """An amount as the spend page and `vidpoll spend` write it: 1,234.50 EUR."""
+    if amount is None:
+        return ""
+    return f"{amount:,.2f} {currency}" if currency else f"{amount:,.2f}"
+
+
+def _figure(amount: Decimal | None) -> str:
+    """A provider's own figure as it gave it (12 credits, 3.25 predict seconds): no rounding,
+    no exponent."""
+    return "" if amount is None else format(amount.normalize(), "f")
+
+
+def month_of(spend: AccountSpend, now: datetime) -> tuple[date, date]:
+    """The first and the last day of the month of `now` in the account's cap_timezone."""
+    return month_start(spend.today(now)), spend.month_end(now).date() - timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class SpendDay:
+    """One calendar day of an account's month (cap_timezone): spent and reserved."""
+
+    day: date
+    spent: Decimal
+    reserved: Decimal
+
+    @property
+    def used(self) -> Decimal:
+        """What counts against the day cap."""
+        return self.spent + self.reserved
+
+
+@dataclass(frozen=True)
+class AccountSpendView:
+    """One account on the spend page: its month day by day, its caps, its held intents."""
+
+    name: str
+    spend: AccountSpend
+    configured: bool
+    """Named by this server's settings (an account only the ledger knows is not)."""
+    currency: str
+    today: date
+    days: list[SpendDay]
+    creates: int
+    other_currencies: dict[str, Decimal]
+    """This month's amounts in another currency (the account's currency was changed): not
+    added to the figures, shown beside them."""
+    models: list[dict[str, Any]]
+    tags: list[dict[str, Any]]
+    held: list[dict[str, Any]]
+
+    @property
+    def month_spent(self) -> Decimal:
+        return sum((d.spent for d in self.days), Decimal(0))
+
+    @property
+    def month_reserved(self) -> Decimal:
+        return sum((d.reserved for d in self.days), Decimal(0))
+
+    @property
+    def month_used(self) -> Decimal:
+        """What counts against the month cap."""
+        return self.month_spent + self.month_reserved
+
+    @property
+    def month_share(self) -> str:
+        """The month cap's share used ("" without a month cap)."""
+        cap = self.spend.cap_per_month
+        return "" if cap is None else f"{self.month_used / cap:.0%}"
+
+    @property
+    def today_used(self) -> Decimal:
+        return next((d.used for d in self.days if d.day == self.today), Decimal(0))
+
+    @property
+    def held_n(self) -> int:
+        return sum(int(h["n"]) for h in self.held)
+
+    @property
+    def charted(self) -> bool:
+        """Priced (by the settings, or by the ledger's rows of this month): a chart of money;
+        otherwise creates are only counted and the page says "no prices set"."""
+        return self.spend.priced or any(d.used for d in self.days)
+
+    @property
+    def chart(self) -> Markup:
+        return _spend_chart(self)
+
+    def local(self, at: datetime | None) -> str:
+        """A time in the account's cap_timezone, as its windows turn."""
+        if at is None:
+            return ""
+        return f"{at.astimezone(self.spend.zone):%Y-%m-%d %H:%M} {self.spend.cap_timezone}"
+
+
+def spend_views(spends: Mapping[str, AccountSpend], windows: Mapping[str, tuple[date, date]],
+                by_day: list[dict[str, Any]], by_tag: list[dict[str, Any]],
+                held: list[dict[str, Any]], now: datetime) -> list[AccountSpendView]:
+    """The spend page's accounts (those of `windows`) from the ledger's rows
+    (PgSpend.spend_rows over `windows`) and the held intents (PgSpend.held_by_cap)."""
+    views = []
+    for name, (first, last) in windows.items():
+        spend = spends.get(name, NO_SPEND)
+        rows = [r for r in by_day if r["account"] == name]
+        currency = spend.currency if spend.priced else next(
+            (r["currency"] for r in rows if r["currency"]), spend.currency)
+        days = {first + timedelta(days=i): [Decimal(0), Decimal(0)]
+                for i in range((last - first).days + 1)}
+        other: dict[str, Decimal] = {}
+        models: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            if r["currency"] and r["currency"] != currency:
+                other[r["currency"]] = other.get(r["currency"], Decimal(0)) + (
+                    r["spent"] + r["reserved"])
+                continue
+            if r["day"] in days:
+                days[r["day"]][0] += r["spent"]
+                days[r["day"]][1] += r["reserved"]
+            m = models.setdefault(r["model"] or "", {
+                "model": r["model"] or "", "spent": Decimal(0), "reserved": Decimal(0),
+                "creates": 0})
+            m["spent"] += r["spent"]
+            m["reserved"] += r["reserved"]
+            m["creates"] += r["creates"]
+        views.append(AccountSpendView(
+            name=name, spend=spend, configured=name in spends, currency=currency,
+            today=spend.today(now),
+            days=[SpendDay(d, spent, reserved) for d, (spent, reserved) in days.items()],
+            creates=sum(int(r["creates"]) for r in rows), other_currencies=other,
+            models=sorted(models.values(), key=lambda m: m["model"]),
+            tags=[t for t in by_tag if t["account"] == name],
+            held=[h for h in held if h["account"] == name]))
+    return views
+
+
+def _spend_chart(view: AccountSpendView) -> Markup:
+    """An account's month as an SVG bar chart: a bar per day, spent below and reserved above,
+    the day cap a dashed line; role=img with a one-line summary, a <title> per day, and each
+    day's figures in data attributes (what the browser test reads)."""
+    width, height, pad = 620, 140, 8
+    days, c, cap = view.days, view.currency, view.spend.cap_per_day
+    top = float(max([d.used for d in days] + [cap or Decimal(0)]))
+    month = f"{days[0].day:%B %Y}"
+    summary = (f"Spend per day, {month} ({view.spend.cap_timezone}): "
+               f"{_money(view.month_used, c)} this month")
+    peak = max(days, key=lambda d: d.used)
+    if peak.used > 0:
+        summary += f", peak {_money(peak.used, c)} on {peak.day:%d %b}"
+    summary += f", today {_money(view.today_used, c)}"
+    if cap is not None:
+        summary += f" of the {_money(cap, c)} day cap"
+
+    def h(amount: Decimal) -> float:
+        return 0.0 if top <= 0 else (height - pad) * float(amount) / top
+
+    slot = width / len(days)
+    parts = []
+    for i, d in enumerate(days):
+        x, w = i * slot + slot * 0.1, slot * 0.8
+        hs, hr = h(d.spent), h(d.reserved)
+        rects = ""
+        if hs > 0:
+            rects += (f'<rect class="spent" x="{x:.1f}" y="{height - hs:.1f}" width="{w:.1f}" '
+                      f'height="{hs:.1f}"/>')
+        if hr > 0:
+            rects += (f'<rect class="reserved" x="{x:.1f}" y="{height - hs - hr:.1f}" '
+                      f'width="{w:.1f}" height="{hr:.1f}"/>')
+        if d.day == view.today:
+            rects += (f'<line class="today" x1="{x:.1f}" x2="{x + w:.1f}" y1="{height - 1}" '
+                      f'y2="{height - 1}" vector-effect="non-scaling-stroke"/>')
+        parts.append(f'<g class="day" data-day="{d.day.isoformat()}" '
+                     f'data-spent="{d.spent:.2f}" data-reserved="{d.reserved:.2f}">'
+                     f"<title>{d.day:%a %d %b}: {escape(_money(d.spent, c))} spent, "
+                     f"{escape(_money(d.reserved, c))} reserved</title>{rects}</g>")
+    if cap is not None and top > 0:
+        y = height - h(cap)
+        parts.append(f'<line class="cap" x1="0" x2="{width}" y1="{y:.1f}" y2="{y:.1f}" '
+                     f'data-cap="{cap:.2f}" vector-effect="non-scaling-stroke">'
+                     f"<title>day cap {escape(_money(cap, c))}</title></line>")
+    svg = (f'<figure class="chart spend-chart"><figcaption>Per day, {escape(month)} '
+           f'<span class="max">({escape(view.spend.cap_timezone)})</span></figcaption>'
+           f'<svg viewBox="0 0 {width} {height}" role="img" aria-label="{escape(summary)}" '
+           f'preserveAspectRatio="none"><title>{escape(summary)}</title>{"".join(parts)}'
+           f'</svg><div class="axis"><span>{days[0].day:%d %b}</span>'
+           f'<span>{days[-1].day:%d %b}</span></div>'
+           f'<p class="legend"><span class="key spent"></span> spent '
+           f'<span class="key reserved"></span> reserved'
+           + ('' if cap is None else f' <span class="key cap"></span> day cap '
+              f'{escape(_money(cap, c))}')
+           + f'</p><p class="summary">{escape(summary)}</p></figure>')
     return Markup(svg)
 
 
