@@ -214,6 +214,8 @@ class Held:
     """cap_per_day, cap_per_month, cap_per_key_prefix:<prefix>, max_creates_per_hour, price."""
     reason: str
     until: datetime
+    again: bool = False
+    """It was held already (its window turned, or budget freed, and it still does not fit)."""
 
 
 @dataclass(frozen=True)

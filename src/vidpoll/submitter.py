@@ -277,6 +277,8 @@ class Submitter(Runner):
         """Look-ups in flight (counted in `_inflight` too, but taking no POST slot)."""
         """The shared walks of the provider's records (vidpoll.reconcile)."""
         self._one_shot = False
+        self._reloading: asyncio.Task[None] | None = None
+        """The wake of held intents after a reload (SIGHUP), kept from the collector."""
         """submit_now's: one POST whose caller reports a wrong URL itself (no ERROR here)."""
 
     async def run(self) -> None:
@@ -286,9 +288,9 @@ class Submitter(Runner):
                  cfg.concurrency, cfg.max_active, cfg.lease_s)
         listener = asyncio.create_task(self._listener()) if cfg.listen else None
         flusher = asyncio.create_task(self._minutes_flusher(self.store, False))
-        # a cap raised (or removed) before this start: what it held is checked again now
-        self._spawn(self._wake_held())
         try:
+            # a cap raised (or removed) before this start: what it held is checked again now
+            await self._wake_held()
             await self._main_loop()
         finally:
             self._stopping.set()
@@ -441,14 +443,16 @@ class Submitter(Runner):
             log.warning("spend: %s", warning, extra=event(account=account))
         for held in claim.held:
             self.stats.held += 1
-            log.info("intent %s held: %s", held.key, held.reason,
-                     extra=event(key=held.key, account=account, outcome="held"))
+            # said once at INFO; held again after a wake that freed too little: DEBUG
+            log.log(logging.DEBUG if held.again else logging.INFO, "intent %s held: %s",
+                    held.key, held.reason,
+                    extra=event(key=held.key, account=account, outcome="held"))
 
     def reload_spends(self, spends: Mapping[str, AccountSpend]) -> None:
         """New prices and caps (SIGHUP re-read the accounts file): the held intents of this
         submitter's accounts are checked again at once against them."""
         self.config = replace(self.config, spends=spends)
-        self._spawn(self._wake_held())
+        self._reloading = asyncio.get_running_loop().create_task(self._wake_held())
 
     async def _wake_held(self) -> None:
         try:
@@ -459,7 +463,7 @@ class Submitter(Runner):
             return
         if woken:
             log.info("%d held intents checked again against the caps", woken)
-        self._wake.set()
+            self._wake.set()
 
     async def _idle_delay(self, claimed: int, probing: bool = False) -> float | None:
         """How long to sleep after a claim; None ends a drain. `probing`: no claim was made

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from vidpoll.api import Submission
     from vidpoll.config import Settings
     from vidpoll.models import Intent
+    from vidpoll.spend import AccountSpend
     from vidpoll.store import PgStore
 
 BULK_BATCH = 200
@@ -90,15 +91,15 @@ def submit_cmd(prompt: str | None, params: tuple[str, ...], json_source: Any, ke
 
     settings = _settings()
     _quiet("vidpoll.submitter")  # its INFO line would repeat what submit says itself
+    tags = _tags(tag_args)
     if bulk_file is not None:
         if prompt or params or json_source or key or wait_ or max_active or as_json or model:
             raise click.UsageError("--file takes no --prompt/--param/--json/--key/--wait/"
                                    "--max-active/--json-output/--model (a worker sends its "
                                    "intents)")
-        _submit_file(settings, bulk_file, key_prefix, priority, account)
+        _submit_file(settings, bulk_file, key_prefix, priority, account, tags)
         return
     payload = _payload(prompt, params, json_source)
-    tags = _tags(tag_args)
     if max_active is not None:
         settings = dataclasses.replace(settings, max_active=max_active)
     if not queue_only:
@@ -217,7 +218,7 @@ def _report_submission(sub: Submission, as_json: bool) -> None:
 
 
 def _submit_file(settings: Settings, source: Any, prefix: str, priority: int,
-                 account: str) -> None:
+                 account: str, tags: dict[str, str] | None = None) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from vidpoll.accounts import provider_of
@@ -231,6 +232,9 @@ def _submit_file(settings: Settings, source: Any, prefix: str, priority: int,
                                f"and --model")
     provider = found.name
     deriver = KeyDeriver(prefix, priority)
+    known = settings.accounts.get(account)
+    # a capped account records nothing it cannot price (as `submit` refuses one request)
+    spend = known.spend if known is not None and known.spend.capped else None
     bad: list[BadLine] = []
     conflicts: list[str] = []
     totals = {"new": 0, "seen": 0}
@@ -254,8 +258,13 @@ def _submit_file(settings: Settings, source: Any, prefix: str, priority: int,
                         if isinstance(parsed, BadLine):
                             bad.append(parsed)
                         elif parsed is not None:
+                            unpriced = _unpriced(spend, parsed.payload)
+                            if unpriced is not None:
+                                bad.append(BadLine(line_no, unpriced))
+                                continue
                             batch.append((parsed.key, parsed.payload, parsed.priority))
-                    new, clash = await store.add_intents(batch, account, provider=provider)
+                    new, clash = await store.add_intents(batch, account, provider=provider,
+                                                         tags=tags)
                     totals["new"] += new
                     totals["seen"] += len(batch)
                     conflicts.extend(clash)
@@ -273,6 +282,19 @@ def _submit_file(settings: Settings, source: Any, prefix: str, priority: int,
         _stderr(f"key {clash_key!r} is already recorded with a different payload")
     if bad or conflicts:
         sys.exit(6)
+
+
+def _unpriced(spend: AccountSpend | None, payload: dict[str, Any]) -> str | None:
+    """Why a capped account cannot price a request (None: it can, or it has no cap)."""
+    from vidpoll.spend import NoEstimate
+
+    if spend is None:
+        return None
+    try:
+        spend.estimate(payload, None)
+    except NoEstimate as exc:
+        return f"the account has spend caps and {exc}"
+    return None
 
 
 def _read_lines(source: Any, n: int) -> list[str]:

@@ -29,7 +29,7 @@ from vidpoll.providers import registry
 from vidpoll.spend import AccountSpend
 from vidpoll.store.base import PgBase, _q
 from vidpoll.store.pool import translate_errors
-from vidpoll.store.spend import SpendCheck, check_claimed
+from vidpoll.store.spend import SpendCheck, check_claimed, send_held
 
 
 def _handle(outcome: SubmitOutcome) -> Jsonb | None:
@@ -175,6 +175,8 @@ class PgIntents(PgBase):
                 assert spend is not None
                 rows, check = await check_claimed(conn, account, spend, rows,
                                                   spend_now if spend_now is not None else now)
+            elif rows:
+                rows = await send_held(rows, conn)
         return Claim([_claimed_intent(r) for r in rows], check.held, check.warnings)
 
     async def claim_unknown_intents(self, limit: int, lease_s: float, worker_id: str,

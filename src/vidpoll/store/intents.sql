@@ -170,8 +170,9 @@ SET next_attempt_at = coalesce(%(now)s::timestamptz, clock_timestamp())
     claim_token = gen_random_uuid(),
     claimed_by = %(worker_id)s,
     claimed_at = coalesce(%(now)s::timestamptz, now()),
-    -- a held intent goes as a fresh one (the caller holds it again if it still does not fit)
-    state = CASE WHEN i.state = 'held' THEN 'queued' ELSE i.state END,
+    -- a held intent is claimed as it is: the caller sends it as a fresh one (send_held) or
+    -- holds it again. (Never `SET state` here: the statement trigger that wakes submitters
+    -- on a change of state would fire on every claim, even an empty one: a hot loop.)
     held_reason = NULL, held_cap = NULL,
     -- a look-up in the provider's records is no POST
     attempts = i.attempts + CASE WHEN i.state = 'reconciling' THEN 0 ELSE 1 END,

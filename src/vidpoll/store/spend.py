@@ -16,7 +16,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from vidpoll.models import Held
+from vidpoll.models import HELD, QUEUED, Held
 from vidpoll.spend import WARN_AT, AccountSpend, NoEstimate, month_start, prefixes_of
 from vidpoll.store.base import PgBase, _q
 
@@ -24,12 +24,12 @@ PRICE = "price"
 """The `held_cap` of an intent held because its request has no estimate under a capped
 account (its model has no price): held until the prices are changed and reloaded."""
 NO_PRICE_RETRY = timedelta(hours=1)
+"""How long such an intent waits before it is checked again (a reload wakes it sooner)."""
 BURST_MIN = 50
 BURST_FACTOR = 10.0
 BURST_PREFIXES_CHECKED = 3
 """At most this many prefixes are checked per claim (a claim takes a few intents)."""
 _PREFIX = re.compile(r"^(.+?[-_:/.])[^-_:/.]+$")
-"""How long such an intent waits before it is checked again (a reload wakes it sooner)."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,8 @@ async def check_claimed(conn: AsyncConnection[Any], account: str, spend: Account
     held: list[Held] = []
 
     def hold(row: dict[str, Any], cap: str, why: str, until: datetime) -> None:
-        held.append(Held(row["idempotency_key"], row["claim_token"], cap, why, until))
+        held.append(Held(row["idempotency_key"], row["claim_token"], cap, why, until,
+                         again=row["state"] == HELD))
 
     def over(cap: str, limit: Decimal, spent: Decimal, reserved_now: Decimal,
              estimate: Decimal, until: datetime, when: str) -> str:
@@ -91,13 +92,14 @@ async def check_claimed(conn: AsyncConnection[Any], account: str, spend: Account
                 f"raised")
 
     # retries and look-ups first (they may be billed already), then fresh ones oldest first
-    order = sorted(rows, key=lambda r: (r["attempts"] == 1 and r["state"] == "queued",
+    order = sorted(rows, key=lambda r: (r["attempts"] == 1 and r["state"] in ("queued", HELD),
                                         -r["priority"], r["seq"]))
     for row in order:
         key = row["idempotency_key"]
         if key in have:
             continue
-        fresh = row["attempts"] == 1 and row["state"] == "queued" and not row["past_cap"]
+        fresh = (row["attempts"] == 1 and row["state"] in ("queued", HELD)
+                 and not row["past_cap"])
         try:
             estimate = spend.estimate(row["payload"], row.get("model"))
         except NoEstimate as exc:
@@ -169,7 +171,22 @@ async def check_claimed(conn: AsyncConnection[Any], account: str, spend: Account
     for namespace in sorted(n for n in sent_under if n)[:BURST_PREFIXES_CHECKED]:
         warnings += await _burst(conn, account, namespace, now)
     out = {h.key for h in held}
-    return [r for r in rows if r["idempotency_key"] not in out], SpendCheck(held, warnings)
+    return await send_held([r for r in rows if r["idempotency_key"] not in out],
+                           conn), SpendCheck(held, warnings)
+
+
+async def send_held(rows: list[dict[str, Any]], conn: AsyncConnection[Any]
+                    ) -> list[dict[str, Any]]:
+    """The claimed rows, the held ones among them queued again to be sent (one statement,
+    only when there are some)."""
+    going = [r for r in rows if r["state"] == HELD]
+    if going:
+        await conn.execute(_q("send_held"), {
+            "keys": [r["idempotency_key"] for r in going],
+            "tokens": [r["claim_token"] for r in going]})
+        for r in going:
+            r["state"] = QUEUED
+    return rows
 
 
 def key_prefix(key: str) -> str | None:

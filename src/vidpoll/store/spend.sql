@@ -59,8 +59,16 @@ SET state = 'held', held_reason = u.reason, held_cap = u.cap, next_attempt_at = 
     claim_token = NULL, updated_at = clock_timestamp()
 FROM unnest(%(keys)s::text[], %(tokens)s::uuid[], %(reasons)s::text[], %(caps)s::text[],
             %(untils)s::timestamptz[]) AS u(k, t, reason, cap, until)
-WHERE i.idempotency_key = u.k AND i.claim_token = u.t AND i.state = 'queued'
+WHERE i.idempotency_key = u.k AND i.claim_token = u.t AND i.state IN ('queued', 'held')
 RETURNING i.idempotency_key;
+
+-- name: send_held
+-- Held intents of this claim that may go now: queued again, as fresh ones (their claim and
+-- lease stand).
+UPDATE video_intents SET state = 'queued'
+WHERE idempotency_key = ANY(%(keys)s::text[]) AND claim_token = ANY(%(tokens)s::uuid[])
+  AND state = 'held'
+RETURNING idempotency_key;
 
 -- name: spend_warning_once
 -- The 80 percent warning of one cap and window: true for the first submitter of the fleet to see

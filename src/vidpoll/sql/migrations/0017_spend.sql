@@ -96,14 +96,20 @@ CREATE TABLE IF NOT EXISTS vidpoll_spend_warnings (
   PRIMARY KEY (account, cap, window_start)
 );
 
--- Budget freed on an account: its held intents are due now (each is checked again by the
--- next claim and held again, with its reason brought up to date, if it still does not fit).
+-- Budget freed on an account: its oldest held intents are due now (each is checked again by
+-- the next claim and held again, with its reason brought up to date, if it still does not
+-- fit). A few: one refund frees room for about one job, and waking thousands would have each
+-- claimed and held again for nothing (a reload of the caps wakes them all).
 -- vidpoll: step
 CREATE OR REPLACE FUNCTION vidpoll_wake_held(acct text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
   UPDATE video_intents SET next_attempt_at = clock_timestamp()
-  WHERE state = 'held' AND account = acct AND next_attempt_at > clock_timestamp();
+  WHERE idempotency_key IN (
+    SELECT idempotency_key FROM video_intents
+    WHERE state = 'held' AND account = acct AND next_attempt_at > clock_timestamp()
+    ORDER BY priority DESC, seq
+    LIMIT 20);
   IF FOUND THEN
     PERFORM pg_notify('vidpoll_intents', '');
   END IF;
