@@ -381,7 +381,7 @@ def spend_findings(accounts: Mapping[str, tuple[AccountSpend, Mapping[str, str]]
                  for p, c in spend.cap_per_key_prefix.items()]
         if spend.max_creates_per_hour is not None:
             caps.append(f"max_creates_per_hour {spend.max_creates_per_hour}")
-        unpriced = sorted(set(units) - set(spend.unit_prices))
+        unpriced = sorted(set(units) - set(spend.unit_prices) - {spend.currency.lower()})
         fix = (f"add [accounts.{name}.unit_prices] {unpriced[0]} = ... to count the "
                f"provider's own figure instead of the estimate" if unpriced else "")
         found.append(Finding(check, OK, f"priced in {spend.currency}; "

@@ -123,6 +123,8 @@ class AccountSpend:
             return Decimal(0)
         if cost.unit == CURRENCY:
             return None  # a provider never says which currency: only 0 is money as it is
+        if cost.unit == self.currency.lower() and cost.unit not in self.unit_prices:
+            return cost.amount  # a figure in the account's own currency (Sume's `usd`)
         unit_price = self.unit_prices.get(cost.unit)
         return None if unit_price is None else cost.amount * unit_price
 

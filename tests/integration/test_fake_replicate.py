@@ -19,6 +19,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -27,6 +28,7 @@ import pytest
 from aiohttp import web
 from standardwebhooks.webhooks import Webhook
 
+from vidpoll.providers.base import CURRENCY, Cost
 from vidpoll.providers.replicate.fake import (
     DEFAULT_MODEL,
     DEFAULT_TOKEN,
@@ -36,6 +38,7 @@ from vidpoll.providers.replicate.fake import (
     canonical,
     start_fake_replicate,
 )
+from vidpoll.providers.replicate.rules import RULES as REPLICATE_RULES
 
 AUTH = {"Authorization": f"Bearer {DEFAULT_TOKEN}"}
 WAIT_S = 15.0
@@ -442,6 +445,37 @@ async def test_cancel_after_aborts_before_start_and_cancels_after(served: Any) -
     assert status == 200 and body["status"] == "canceled"
     status, body, _ = await api.call("POST", f"/v1/predictions/{manual['id']}/cancel")
     assert status == 200 and body["status"] == "canceled"
+
+
+async def test_ended_predictions_report_the_predict_time_the_ledger_sums(served: Any) -> None:
+    """What is billed (issue 30): the predict time of each prediction that ran, read over
+    HTTP by Replicate's rules; none for an aborted one or one canceled before it started."""
+    fake = FakeReplicate(quick())
+    api: Api = await served(fake)
+    ended: dict[str, dict[str, Any]] = {}
+    for outcome in ("succeeded", "failed", "aborted"):
+        fake.config.outcome_mix = {outcome: 1.0}
+        _, created, _ = await api.create({"k": outcome})
+        ended[outcome] = await api.until_status(created["id"], outcome)
+    fake.config.starting_s = 60.0
+    _, early, _ = await api.create({"k": "canceled early"})
+    await api.call("POST", f"/v1/predictions/{early['id']}/cancel")
+    ended["canceled"] = await api.until_status(early["id"], "canceled")
+
+    costs = {o: REPLICATE_RULES.cost(body, REPLICATE_RULES.words[o])
+             for o, body in ended.items()}
+    ledger = fake.ledger()
+    for outcome in ("succeeded", "failed"):
+        seconds = ended[outcome]["metrics"]["predict_time"]
+        assert seconds > 0
+        assert costs[outcome] == Cost(Decimal(str(seconds)), "predict_second")
+        assert ledger["jobs"][ended[outcome]["id"]] == Decimal(str(seconds))
+    assert costs["aborted"] == Cost(Decimal(0), CURRENCY)
+    assert "predict_time" not in ended["aborted"]["metrics"]
+    assert "predict_time" not in ended["canceled"]["metrics"] and costs["canceled"] is None
+    assert sorted(ledger["unbilled"]) == sorted([ended["aborted"]["id"], early["id"]])
+    assert ledger["predict_seconds"] == sum(
+        (c.amount for c in costs.values() if c is not None), Decimal(0))
 
 
 class Receiver:

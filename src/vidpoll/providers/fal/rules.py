@@ -21,13 +21,19 @@ API's request history, docs.fal.ai/platform-apis/v1/models/requests/by-endpoint;
 - a create answers `request_id` with `status_url`, `response_url` and `cancel_url` ("do not
   build these URLs yourself": they name only owner/app, never the endpoint's subpath);
 - the history lists each request with `endpoint_id`, `sent_at`, `started_at` and, with
-  `expand=payloads`, `json_input` (null when the create sent `X-Fal-Store-IO: 0`).
+  `expand=payloads`, `json_input` (null when the create sent `X-Fal-Store-IO: 0`);
+- cost: a status answer carries no cost figure (Model APIs bill per output at each model's
+  price, docs.fal.ai/documentation/model-apis/pricing); "Server errors (HTTP 500+) are never
+  charged", while an invalid input (422) "may still be charged if a runner spent GPU time"
+  (docs.fal.ai/faq). The request-error types whose typical status is 5xx
+  (docs.fal.ai/documentation/model-apis/request-errors) are such server errors.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from vidpoll.errors import InvalidJobId
@@ -35,6 +41,8 @@ from vidpoll.media import media_urls as _media_urls
 from vidpoll.models import HttpAnswer
 from vidpoll.policy import MAX_ERROR_TEXT, parsed_json_object, validate_job_id
 from vidpoll.providers.base import (
+    CURRENCY,
+    Cost,
     NeutralOutcome,
     Pending,
     ResultSource,
@@ -53,6 +61,13 @@ IN_PROGRESS_STATUSES = frozenset({"in_queue", "in_progress"})
 CANCELLED_TYPE = "client_cancelled"
 """The `error_type` of a request cancelled by its owner (fal's request-errors page): outcome
 `canceled`, not `failed`."""
+SERVER_ERROR_TYPES = frozenset({
+    "request_timeout", "startup_timeout", "runner_scheduling_failure",
+    "runner_connection_timeout", "runner_disconnected", "runner_connection_refused",
+    "runner_connection_error", "runner_incomplete_response", "runner_server_error",
+    "internal_error"})
+"""The `error_type`s of fal's request-errors page whose typical status is 500 or above: a
+request that failed so is never charged (fal's FAQ)."""
 DETAIL_CODE = "detail"
 """The code of an error body that names none of its own (`{"detail": "..."}`)."""
 MAX_CODE_TEXT = 200
@@ -200,6 +215,16 @@ class FalRules:
 
     def error_code(self, body: dict[str, Any] | None) -> tuple[str | None, str | None]:
         return problem(body)
+
+    def cost(self, body: dict[str, Any], outcome: NeutralOutcome) -> Cost | None:
+        """Nothing for a request that failed with a server error (`error_type` one of
+        SERVER_ERROR_TYPES); None otherwise: fal's answers carry no cost figure, and a failed
+        input or a cancelled request may have been charged."""
+        error_type = _text(body.get("error_type"))
+        if outcome == "failed" and error_type is not None and (
+                error_type.strip().lower() in SERVER_ERROR_TYPES):
+            return Cost(Decimal(0), CURRENCY)
+        return None
 
     def created_job_id(self, body: dict[str, Any] | None) -> str | None:
         """The `request_id` of a create answer (or a webhook's body)."""

@@ -18,6 +18,7 @@ signature, so vidpoll neither asks for them nor serves a route; it polls.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from vidpoll.providers.base import AccountOption, ProviderOptions
@@ -42,6 +43,9 @@ class KlingProvider:
     access key); the secret key's variable is named by `secret_key_env`."""
     default_rates: tuple[float | None, float | None] = (None, None)
     """Kling documents concurrency per resource pack (1302/1303 answers), no request rate."""
+    cost_units: Mapping[str, str] = MappingProxyType({
+        "unit": "Kling resource-package units, a task's `final_unit_deduction`"})
+    """What `RULES.cost` may name (a task paid from the account's balance has no figure)."""
     webhooks: Webhooks | None = None
     """Kling's callbacks are not documented as signed: none are served (a hint anyone could
     forge would only make reads due; polling needs none)."""

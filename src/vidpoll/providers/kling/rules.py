@@ -24,7 +24,11 @@ authentication, error codes), "Text to Video" / "Image to Video" (create and que
   access key, `exp` = now + 1800 and `nbf` = now - 5 in the docs' sample, signed with the
   secret key, sent as `Authorization: Bearer <token>`;
 - no poll hint, no idempotency key (the external id is the dedup aid: an unknown create is
-  looked up by it, `Client.find_created`), no documented request-rate limit.
+  looked up by it, `Client.find_created`), no documented request-rate limit;
+- a queried task carries `final_unit_deduction` (a string: the resource-package units the task
+  finally deducted) and, in the Callback Protocol's task object, `final_balance_deduction:
+  {quota, list_price}` (what it took from the account's balance, in money whose currency the
+  object does not name); no refund of a failed task is documented.
 """
 
 from __future__ import annotations
@@ -33,12 +37,14 @@ import hashlib
 import re
 import warnings
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from vidpoll.errors import InvalidJobId
 from vidpoll.models import HttpAnswer
 from vidpoll.policy import MAX_ERROR_TEXT, validate_job_id
 from vidpoll.providers.base import (
+    Cost,
     NeutralOutcome,
     Pending,
     ResultSource,
@@ -56,6 +62,9 @@ PENDING_WORDS = frozenset({"submitted", "processing"})
 DEFAULT_ENDPOINT = "text2video"
 """The path word a job without a handle is read under (a job tracked by hand, the core's
 probe of a paused account)."""
+UNIT = "unit"
+"""Kling's resource-package units, a task's `final_unit_deduction` (`Provider.cost_units`)."""
+_DEDUCTION = re.compile(r"\d{1,12}(?:\.\d{1,12})?")
 POLL_S = 5.0
 """Kling documents no poll interval (renders take minutes): vidpoll's floor (an assumption)."""
 JWT_LIFE_S = 1800
@@ -184,6 +193,14 @@ def _data(body: Any) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def deduction(value: Any) -> Decimal | None:
+    """A deduction as Kling writes it, decimal text ("1", "0.6"; a number is read as its
+    text); None for anything else (a bool, a negative, an exponent, NaN, other text)."""
+    text = str(value).strip() if isinstance(value, str | int | float) and not isinstance(
+        value, bool) else ""
+    return Decimal(text) if _DEDUCTION.fullmatch(text) else None
+
+
 def task_failure(data: Mapping[str, Any]) -> str:
     """Why a failed task made no video: its `task_status_msg`, or a fixed line."""
     said = data.get("task_status_msg")
@@ -234,6 +251,24 @@ class KlingRules:
         if word == FAILED:
             return Terminal(FAILED, "failed", task_failure(data))
         return Pending(word, None, known=word in PENDING_WORDS)
+
+    def cost(self, body: dict[str, Any], outcome: NeutralOutcome) -> Cost | None:
+        """The units a task's `final_unit_deduction` says it took; None without one, when it
+        also took money from the balance (`final_balance_deduction.quota` above 0, or not a
+        number), or when it took no units and the answer does not show the balance part
+        (paid from the balance, the units say 0)."""
+        code, data = envelope_code(body), _data(body)
+        if (code is not None and code != 0) or data is None:
+            return None
+        units = deduction(data.get("final_unit_deduction"))
+        balance = data.get("final_balance_deduction")
+        if units is None or (balance is None and units == 0):
+            return None
+        if balance is not None:
+            quota = deduction(balance.get("quota")) if isinstance(balance, dict) else None
+            if quota is None or quota > 0:
+                return None
+        return Cost(units, UNIT)
 
     def error_code(self, body: dict[str, Any] | None) -> tuple[str | None, str | None]:
         """(code, message) of Kling's envelope with a code other than 0; (None, None)

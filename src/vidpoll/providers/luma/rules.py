@@ -16,19 +16,25 @@ SDKs carry it; lumaai 1.21's `types/generation.py`, `types/generation_create_par
 - `assets` holds `video` (also `image` and `progress_video`, a preview: never downloaded);
 - every generation echoes its create's body as `request` (the model, the prompt, ...,
   `callback_url`), and carries `model` and `created_at`: what an unanswered create is matched
-  by in `GET /generations` (newest first).
+  by in `GET /generations` (newest first);
+- a generation carries no cost figure; a failed one is not charged: "you won't be charged for
+  failed generations ... If the generation fails, we fully refund the amount to your credit
+  balance" (docs.lumalabs.ai/docs/faq, "What if my generation fails").
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from vidpoll.errors import InvalidJobId
 from vidpoll.models import HttpAnswer
 from vidpoll.policy import MAX_ERROR_TEXT, validate_job_id
 from vidpoll.providers.base import (
+    CURRENCY,
+    Cost,
     NeutralOutcome,
     Pending,
     ResultSource,
@@ -187,6 +193,14 @@ class LumaRules:
 
     def error_code(self, body: dict[str, Any] | None) -> tuple[str | None, str | None]:
         return problem(body)
+
+    def cost(self, body: dict[str, Any], outcome: NeutralOutcome) -> Cost | None:
+        """Nothing for a `failed` generation (Luma refunds it in full); None otherwise:
+        a generation carries no cost figure."""
+        word = _text(body.get("state"))
+        if word is not None and word.strip().lower() == FAILED:
+            return Cost(Decimal(0), CURRENCY)
+        return None
 
     def created_job_id(self, body: dict[str, Any] | None) -> str | None:
         """The generation's `id` in a create answer (or a listed generation)."""

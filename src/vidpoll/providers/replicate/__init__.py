@@ -11,6 +11,8 @@ accounts file whose default provider is Replicate.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from vidpoll.providers.base import ProviderOptions
@@ -39,6 +41,10 @@ class ReplicateProvider:
     default_rates: tuple[float | None, float | None] = (CALLS_PER_MIN, CREATES_PER_MIN)
     """(status reads, creates) a minute: the published limits (a look-up's list calls are
     paced with the reads, whose 3,000 they share)."""
+    cost_units: Mapping[str, str] = MappingProxyType({
+        "predict_second": "seconds a prediction ran (`metrics.predict_time`), what Replicate "
+                          "bills models priced by time; not models priced per output"})
+    """What `RULES.cost` may name; an `aborted` prediction costs 0."""
 
     @property
     def rules(self) -> Rules:

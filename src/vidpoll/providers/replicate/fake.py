@@ -34,7 +34,10 @@ Behaviour and its basis
   source, created_at, started_at, completed_at, urls{get, cancel, web}, metrics` [D REF];
   `deadline` when a deadline was set [D types/prediction.py]; ids are 26 lower-case
   characters [O REF examples; the alphabet is an assumption]; `metrics.predict_time` and
-  `total_time` once ended [D REF]; `urls.stream` is omitted (the model does not stream).
+  `total_time` once ended [D REF], `predict_time` only for a prediction that started (the
+  time it ran, what is billed; an aborted one is not charged [D lifecycle docs]);
+  `ledger()` sums the predict times reported; `urls.stream` is omitted (the model does not
+  stream).
   Timestamps and URLs use this fake's origin instead of api.replicate.com.
 - Statuses starting, processing, succeeded, failed, canceled [D REF] and aborted [D DEADLINE].
   Life: starting for `starting_s`, processing for `processing_s` (+ seeded jitter), then an
@@ -104,6 +107,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
@@ -353,6 +357,25 @@ class FakeReplicate:
         """(model, version, canonical JSON of input) -> predictions created (billed)."""
         return Counter(self._billed)
 
+    def ledger(self) -> dict[str, Any]:
+        """The predict time the answers report now for ended predictions: `predict_seconds`
+        in all (a Decimal, summed from the figures as written), by prediction id (`jobs`),
+        and the ids of ended predictions that report none (`unbilled`: aborted, or canceled
+        before they started)."""
+        now = time.time()
+        jobs: dict[str, Decimal] = {}
+        unbilled: list[str] = []
+        for p in self.predictions.values():
+            if now < p.ending()[0]:
+                continue
+            seconds = self._predict_time(p, now)
+            if seconds is None:
+                unbilled.append(p.id)
+            else:
+                jobs[p.id] = Decimal(str(seconds))
+        return {"predict_seconds": sum(jobs.values(), Decimal(0)), "jobs": jobs,
+                "unbilled": unbilled}
+
     def stats(self) -> dict[str, int]:
         """Calls by kind: creates, create_requests, lists, list_pages, status_reads,
         cancels, file_reads, throttled, webhooks_sent, webhook_attempts, fault_<name>..."""
@@ -517,9 +540,20 @@ class FakeReplicate:
             body["deadline"] = iso(p.deadline)
         if ended:
             body["metrics"] = {"total_time": round(end - p.created, 6)}
-            if started is not None:
-                body["metrics"]["predict_time"] = round(end - started, 6)
+            seconds = self._predict_time(p, now)
+            if seconds is not None:
+                body["metrics"]["predict_time"] = seconds
         return body
+
+    @staticmethod
+    def _predict_time(p: FakePrediction, now: float) -> float | None:
+        """The seconds an ended prediction ran (`metrics.predict_time`), as its answers write
+        them; None while it runs, and for one that never started (aborted, or canceled
+        before its start): nothing to bill."""
+        end, _, started = p.ending()
+        if now < end or started is None:
+            return None
+        return round(end - started, 6)
 
     def _new_id(self) -> str:
         while True:

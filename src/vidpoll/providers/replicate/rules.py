@@ -10,18 +10,30 @@ the word); its `output` is the model's own JSON, files as HTTPS URLs; errors are
 ...}` or RFC 7807 problem details (`type`, `title`, `status`, `detail`, `instance`: the SDK's
 ReplicateError). Inputs and outputs are removed an hour after an API prediction (`data_removed`,
 `output: null`).
+
+Cost (`cost`): an ended prediction's `metrics.predict_time`, the seconds it ran. Replicate
+bills public models by the time they are "active processing your requests" (docs/billing); a
+prediction `canceled` once running is billed "for the time the prediction ran", an `aborted`
+one (its deadline passed before it started) is not charged (docs/topics/predictions/lifecycle,
+"Billing for predictions with deadlines"). Models Replicate prices per output (most official
+video models: per second of video, per video) are billed by that price, not by the time: an
+account prices `predict_second` only for models billed by time.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from vidpoll.errors import InvalidJobId
 from vidpoll.models import HttpAnswer
 from vidpoll.policy import MAX_ERROR_TEXT, validate_job_id
 from vidpoll.providers.base import (
+    CURRENCY,
+    Cost,
     NeutralOutcome,
     Pending,
     ResultSource,
@@ -32,11 +44,15 @@ from vidpoll.providers.base import (
 from vidpoll.providers.echo import Match, holds_data_uri, json_strings
 from vidpoll.providers.echo import json_equal as json_equal
 
+ABORTED = "aborted"
+"""A prediction whose deadline passed before it started: not charged (lifecycle docs)."""
+PREDICT_SECOND = "predict_second"
+"""The unit of `metrics.predict_time`, the seconds a prediction ran (`Provider.cost_units`)."""
 WORDS: Mapping[str, NeutralOutcome] = {
     "succeeded": "succeeded",
     "failed": "failed",
     "canceled": "canceled",
-    "aborted": "canceled",  # its deadline passed before it started (changelog 2025-10-16)
+    ABORTED: "canceled",  # its deadline passed before it started (changelog 2025-10-16)
 }
 """Every terminal word and its neutral outcome."""
 IN_PROGRESS_STATUSES = frozenset({"starting", "processing"})
@@ -170,6 +186,20 @@ class ReplicateRules:
 
     def error_code(self, body: dict[str, Any] | None) -> tuple[str | None, str | None]:
         return problem(body)
+
+    def cost(self, body: dict[str, Any], outcome: NeutralOutcome) -> Cost | None:
+        """An `aborted` prediction costs nothing (it never ran); any other ended one the
+        seconds of its `metrics.predict_time`; None without one (a prediction canceled
+        before it started says nothing)."""
+        word = _text(body.get("status"))
+        if word is not None and word.strip().lower() == ABORTED:
+            return Cost(Decimal(0), CURRENCY)
+        metrics = body.get("metrics")
+        seconds = metrics.get("predict_time") if isinstance(metrics, dict) else None
+        if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
+                or not math.isfinite(seconds) or seconds < 0):
+            return None
+        return Cost(Decimal(str(seconds)).copy_abs(), PREDICT_SECOND)
 
     def created_job_id(self, body: dict[str, Any] | None) -> str | None:
         """The prediction's `id` in a create answer (or a webhook's prediction)."""

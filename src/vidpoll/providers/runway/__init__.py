@@ -13,6 +13,7 @@ file only; the `RUNWAYML_` prefix names the variables vidpoll's messages suggest
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,10 @@ class RunwayProvider:
     default_rates: tuple[float | None, float | None] = (None, None)
     """Runway: "No maximum requests-per-minute limit" (its limits are per-model concurrency,
     beyond which tasks wait THROTTLED, and a daily generation cap, answered 429 on create)."""
+    cost_units: Mapping[str, str] = MappingProxyType({
+        "credit": "Runway credits, an ended task's `cost.credits` (0 when refunded)"})
+    """What `RULES.cost` may name."""
+
     @property
     def rules(self) -> Rules:
         from vidpoll.providers.runway.rules import RULES

@@ -23,7 +23,11 @@ PROVIDERS.md section 3 and its 2026-12-06 "Updates"):
   Task"}`: Runway's own "no such job", never a wrong URL;
 - no idempotency key, and no task list: a create whose outcome is unknown cannot be looked up,
   and is parked for an operator (or, by the account's choice, sent again);
-- a 429 on create is the daily generation cap ("No maximum requests-per-minute limit").
+- a 429 on create is the daily generation cap ("No maximum requests-per-minute limit");
+- an ended task (SUCCEEDED, FAILED, CANCELLED) carries `cost: {"credits": int}`, "Final cost
+  in credits for a terminal task. A refunded task reports 0" (runwayml's OpenAPI types on the
+  SDK's `next` branch, 827e092, 2026-08-07, `types/task_retrieve_response.py`; tasks still
+  running carry `estimatedCost` instead); PROVIDERS.md "Updates".
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from vidpoll.errors import InvalidJobId
 from vidpoll.models import HttpAnswer
 from vidpoll.policy import MAX_ERROR_TEXT, validate_job_id
 from vidpoll.providers.base import (
+    Cost,
     NeutralOutcome,
     Pending,
     ResultSource,
@@ -55,6 +61,8 @@ THROTTLED_DETAIL = "waiting for capacity"
 """What a THROTTLED task is doing: queued behind the organisation's concurrency limit."""
 DOCS_POLL_S = 5.0
 """Runway: no updates more often than once every five seconds for a task."""
+CREDIT = "credit"
+"""The unit of an ended task's `cost.credits` (`Provider.cost_units`)."""
 ERROR_CODE = "error"
 """The code of Runway's envelope, which names none of its own (`{"error": "..."}`)."""
 MAX_CODE_TEXT = 200
@@ -177,6 +185,15 @@ class RunwayRules:
 
     def error_code(self, body: dict[str, Any] | None) -> tuple[str | None, str | None]:
         return runway_error(body)
+
+    def cost(self, body: dict[str, Any], outcome: NeutralOutcome) -> Cost | None:
+        """An ended task's `cost.credits` (a whole number; 0 when Runway refunded it); None
+        without one."""
+        spent = body.get("cost")
+        credits = spent.get("credits") if isinstance(spent, dict) else None
+        if isinstance(credits, bool) or not isinstance(credits, int) or credits < 0:
+            return None
+        return Cost(Decimal(credits), CREDIT)
 
     def created_job_id(self, body: dict[str, Any] | None) -> str | None:
         """The task `id` of a create answer."""

@@ -6,6 +6,8 @@ when first used: a command that reads no answer never loads the HTTP client.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from vidpoll.providers.base import ProviderOptions
@@ -28,6 +30,13 @@ class SumeProvider:
     SUME_API_KEY_<ACCOUNT>, SUME_WEBHOOK_SECRET (as the seed and every earlier release)."""
     default_rates: tuple[float | None, float | None] = (None, None)
     """Sume publishes no limits: an account is paced only by what it sets itself."""
+    cost_units: Mapping[str, str] = MappingProxyType({
+        "credit": "Sume credits, as a status answer's `usage` reports them (`captured`)",
+        "usd": "US dollars, as `usage` reports them in the fields Sume's CLI reads "
+               "(`captured_amount_usd_micros` or `..._usd_cents`)",
+    })
+    """What `RULES.cost` may name: credits (bare `usage` amounts) or dollars (the CLI's
+    fields); a failure Sume refunded costs 0."""
 
     @property
     def rules(self) -> Rules:

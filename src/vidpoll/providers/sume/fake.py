@@ -9,7 +9,10 @@ invalid request or a reused key, and a cap on renders running at once; optionall
 providers may: limits and credits checked before the Idempotency-Key lookup, keys that expire,
 and creates that go on (and bill) after the client disconnected. Status answers come
 in the seed's bare shape or in the enveloped shapes Sume's CLI reads (no `terminal` flag, any
-letter case, other words), per fake or per job. Something else can answer in Sume's place
+letter case, other words), per fake or per job, each with Sume's `usage` ledger: a job's price
+(`credits_per_job`) reserved when it is accepted, captured when it completes, refunded when it
+fails, is canceled or expires, in credits or in the dollar fields Sume's CLI reads
+(`usage_form`); `ledger()` sums what the answers report. Something else can answer in Sume's place
 (`front_answer`: a proxy's error page), and requests to paths no route takes (a wrong base
 URL) are counted. Tests can script the
 exact answers one job (or one key's POSTs) gives, and read counters (reads per job, overlapping
@@ -45,6 +48,10 @@ Sume's CLI reads and its tests mock, with no `terminal` flag: the word under `da
 `data.sume_status`, `data.job.status`, `job.status`, or a top-level `status`, beside
 `request_id`, `status_url`/`result_url`, `result_ready`, `next_action` and `usage`."""
 STATUS_CASES = ("as_is", "lower", "upper", "title", "random")
+USAGE_FORMS = ("credits", "usd_micros")
+"""How `usage` is written: `credits`, bare amounts `{"reserved", "captured", "refunded"}`
+(SUME_API.md); `usd_micros`, the fields Sume's CLI reads (`usage_status`, `currency`,
+`billable_amount_usd_micros`, `reserved_/captured_/refunded_amount_usd_micros`)."""
 
 
 @dataclass
@@ -77,6 +84,13 @@ class FakeConfig:
     e.g. {"completed": "succeeded", "canceled": "cancelled", "failed": "error"}."""
     status_case: str = "as_is"
     """Letter case of the word: one of STATUS_CASES (random: a new pick on every read)."""
+    credits_per_job: int = 50
+    """What a job costs (add_job(price=...) for another): reserved when it is accepted,
+    captured when it completes, refunded when it fails, is canceled or expires."""
+    usage_form: str = "credits"
+    """How status answers write `usage`: one of USAGE_FORMS."""
+    usd_micros_per_credit: int = 10_000
+    """With usage_form "usd_micros": the dollars (in millionths) one credit is written as."""
     # creates (POST /v1/videos); each rate is a probability per POST that is not a replay
     create_fail_5xx: float = 0.0
     """500 before anything is billed."""
@@ -151,6 +165,8 @@ class FakeJob:
     words: dict[str, str] | None = None
     """This job's words for its states; None: the config's."""
     case: str | None = None
+    price: int = 0
+    """Credits this job costs (its `usage`)."""
 
 
 class FakeSume:
@@ -217,9 +233,11 @@ class FakeSume:
     def add_job(self, job_id: str | None = None, *, outcome: str | None = None,
                 render_s: float | None = None, queued_s: float | None = None,
                 script: list[dict[str, Any]] | None = None, shape: str | None = None,
-                words: dict[str, str] | None = None, case: str | None = None) -> str:
-        """Create a job directly (no billing); `script` fixes its answers one read at a time;
-        `shape`, `words` and `case` choose how its status answers look (else the config's)."""
+                words: dict[str, str] | None = None, case: str | None = None,
+                price: int | None = None) -> str:
+        """Create a job directly (not counted as billed); `script` fixes its answers one read
+        at a time; `shape`, `words` and `case` choose how its status answers look, `price` the
+        credits its `usage` reports (else the config's)."""
         job_id = job_id or f"vid_{uuid.uuid4().hex[:20]}"
         cfg = self.config
         if render_s is None:
@@ -232,7 +250,8 @@ class FakeSume:
         job = FakeJob(job_id, time.monotonic(), cfg.queued_s if queued_s is None else queued_s,
                       max(0.0, render_s), outcome or self._pick_outcome(),
                       script=list(script or []), shape=shape,
-                      words=None if words is None else dict(words), case=case)
+                      words=None if words is None else dict(words), case=case,
+                      price=cfg.credits_per_job if price is None else price)
         self.jobs[job_id] = job
         self.terminal_at[job_id] = time.time() + job.queued_s + job.render_s
         if cfg.webhook_url:
@@ -260,9 +279,27 @@ class FakeSume:
                     timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 self.webhooks_sent[resp.status] += 1
 
+    def ledger(self) -> dict[str, Any]:
+        """What the status answers report now, summed over the jobs whose answers the fake
+        writes itself (not scripted ones), added or created: credits `reserved` (accepted, not
+        ended), `captured` (completed), `refunded` (failed, canceled, expired), and by job
+        the credits captured."""
+        totals = dict.fromkeys(("reserved", "captured", "refunded"), 0)
+        jobs: dict[str, int] = {}
+        for job in self.jobs.values():
+            if job.script:
+                continue
+            usage = self._ledger_of(job, self._status_of(job))
+            for name in totals:
+                totals[name] += usage[name]
+            jobs[job.job_id] = usage["captured"]
+        return {**totals, "jobs": jobs}
+
     def stats(self) -> dict[str, Any]:
         """Counters for tests and benchmarks."""
+        ledger = self.ledger()
         return {"jobs": len(self.jobs), "reads": sum(self.reads.values()),
+                **{f"credits_{k}": ledger[k] for k in ("reserved", "captured", "refunded")},
                 "in_flight": sum(self.in_flight.values()),
                 "overlaps": self.overlaps, "creates": self.creates, "billed": self.billed,
                 "answers": {str(k): v for k, v in sorted(self.answers.items())},
@@ -585,13 +622,36 @@ class FakeSume:
         shape = job.shape or self.config.status_shape
         body: dict[str, Any]
         if shape == "seed":
-            body = {"job_id": job.job_id, "sume_status": word, "terminal": terminal}
+            body = {"job_id": job.job_id, "sume_status": word, "terminal": terminal,
+                    "usage": self._usage(job, status)}
             if hint is not None:
                 body["next_poll_after_seconds"] = hint
         else:
             body = self._enveloped(job, status, word, shape, hint)
         self.answers[200] += 1
         return web.json_response(body)
+
+    @staticmethod
+    def _ledger_of(job: FakeJob, status: str) -> dict[str, int]:
+        """A job's credits reserved, captured and refunded when its state is `status`."""
+        ended = status in TERMINAL
+        return {"reserved": 0 if ended else job.price,
+                "captured": job.price if status == "completed" else 0,
+                "refunded": job.price if ended and status != "completed" else 0}
+
+    def _usage(self, job: FakeJob, status: str) -> dict[str, Any]:
+        """The `usage` of a status answer, in the config's USAGE_FORMS."""
+        ledger = self._ledger_of(job, status)
+        form = self.config.usage_form
+        if form == "credits":
+            return ledger
+        if form != "usd_micros":
+            raise ValueError(f"unknown usage form {form!r}; one of {USAGE_FORMS}")
+        rate = self.config.usd_micros_per_credit
+        state = next((k for k in ("captured", "refunded") if ledger[k]), "reserved")
+        return {"usage_status": state, "currency": "USD",
+                "billable_amount_usd_micros": job.price * rate,
+                **{f"{k}_amount_usd_micros": v * rate for k, v in ledger.items()}}
 
     def _word(self, job: FakeJob, status: str) -> str:
         """The word this job's answers use for `status`, in its letter case."""
@@ -622,8 +682,7 @@ class FakeSume:
             "progress": 1.0 if ended else 0.0 if status == "queued" else 0.5,
             "result_ready": done,
             "next_action": "fetch_result" if done else "none" if ended else "poll",
-            "usage": {"reserved": 0 if ended else 1, "captured": 1 if done else 0,
-                      "refunded": 1 if ended and not done else 0}}
+            "usage": self._usage(job, status)}
         if hint is not None:
             fields["next_poll_after_seconds"] = hint
         path = f"/v1/jobs/{job_path_segment(job.job_id)}"

@@ -4,12 +4,24 @@ envelope, its create answer and its result's "not yet". Pure; no I/O.
 The seed reads `{terminal, sume_status, next_poll_after_seconds}`; Sume's CLI reads an
 enveloped answer (fields under `data`, `data.job` or `job`, often no `terminal`). Both are
 read here (`read_status`), so the core only ever sees a neutral `StatusView`.
+
+What a job cost (`cost`) is Sume's `usage` beside the status word ("Credits are reserved when
+a job is accepted, then captured or refunded", SUME_API.md), in one of two forms:
+- bare amounts in credits, `{"reserved", "captured", "refunded"}` (SUME_API.md; the fake);
+- US dollars, as Sume's CLI (sumelabs/cli 0dc4f33, `src/commands/jobs.ts` `readUsageSummary`
+  and its tests) reads them: `captured_amount_usd_micros`, `refunded_amount_usd_micros` (or
+  `released_...`), `reserved_amount_usd_micros`, `billable_amount_usd_micros` (or
+  `amount_usd_micros`), each also as `..._usd_cents`, with `usage_status` (or `status`,
+  `state`: `estimated`, `reserved`, `captured`, `refunded`, `released`) saying which of them
+  the billable amount is, and `currency` (or `billable_currency`, USD when absent).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from vidpoll.errors import InvalidJobId
@@ -17,6 +29,7 @@ from vidpoll.media import media_urls
 from vidpoll.models import PENDING, HttpAnswer
 from vidpoll.policy import MAX_ERROR_TEXT, validate_job_id
 from vidpoll.providers.base import (
+    Cost,
     NeutralOutcome,
     Pending,
     ResultSource,
@@ -46,6 +59,21 @@ WORDS: Mapping[str, NeutralOutcome] = {
 }
 """Every terminal word and its neutral outcome; a word not here that arrives with
 `terminal: true` ended the job without a video (`failed`)."""
+CREDIT, USD = "credit", "usd"
+"""The units `SumeRules.cost` names (described in `PROVIDER.cost_units`)."""
+USAGE_FIELDS = ("usage", "usage_summary")
+"""Where a status answer keeps its ledger (Sume's CLI reads both names)."""
+LEDGER = ("captured", "refunded", "reserved")
+"""A bare `usage`'s amounts, in credits (SUME_API.md)."""
+MONEY_FIELDS: Mapping[str, tuple[str, ...]] = {
+    "captured": ("captured_amount",), "refunded": ("refunded_amount", "released_amount"),
+    "reserved": ("reserved_amount",)}
+"""The same amounts in the CLI's fields (each `..._usd_micros` or `..._usd_cents`)."""
+_USD_SUFFIXES = ("_usd_micros", "_usd_cents")
+_BILLABLE_IS = {"captured": "captured", "refunded": "refunded", "released": "refunded",
+                "reserved": "reserved"}
+"""A `usage_status` and the amount its `billable_amount_usd_micros` then stands for."""
+_DECIMAL_TEXT = re.compile(r"\s*\d{1,18}(?:\.\d{1,18})?\s*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +123,77 @@ def read_fields(body: dict[str, Any]) -> StatusRead:
     hint = next((h["next_poll_after_seconds"] for h in seed_first
                  if h.get("next_poll_after_seconds") is not None), None)
     return StatusRead(terminal, word, hint)
+
+
+def usage_of(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The `usage` (or `usage_summary`) object of a status answer in any shape, looked for
+    where the status word is, nearest the job first (data.job, job, data, top)."""
+    for holder in _holders(body):
+        for name in USAGE_FIELDS:
+            usage = holder.get(name)
+            if isinstance(usage, dict) and usage:
+                return usage
+    return None
+
+
+def amount(value: Any) -> Decimal | None:
+    """A ledger amount: a JSON number or its decimal text ("0.09"), finite and not negative;
+    None for anything else (a bool, NaN, an infinity, a negative, other text)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    if isinstance(value, str) and not _DECIMAL_TEXT.fullmatch(value):
+        return None
+    figure = Decimal(str(value).strip())
+    return figure.copy_abs() if figure.is_finite() and figure >= 0 else None  # -0.0: 0
+
+
+def _usd(usage: Mapping[str, Any], *names: str) -> Decimal | None:
+    """The first of `{name}_usd_micros`, else of `{name}_usd_cents`, in dollars (as the CLI
+    reads them: every micros field before any cents field)."""
+    for suffix, places in zip(_USD_SUFFIXES, (-6, -2), strict=True):
+        for name in names:
+            figure = amount(usage.get(name + suffix))
+            if figure is not None:
+                return figure.scaleb(places)
+    return None
+
+
+def settled(captured: Decimal | None, refunded: Decimal | None,
+            reserved: Decimal | None) -> Decimal | None:
+    """What a job's ledger says it cost once settled: what was captured; 0 when nothing was
+    captured and something was refunded, or when nothing was captured and nothing is still
+    reserved; None while an amount is only reserved (not settled yet) or nothing is said."""
+    if captured is not None and captured > 0:
+        return captured
+    if refunded is not None and refunded > 0:
+        return Decimal(0)
+    if captured is not None and not (reserved is not None and reserved > 0):
+        return Decimal(0)
+    return None
+
+
+def usage_cost(usage: Mapping[str, Any]) -> Cost | None:
+    """What one `usage` object says a job cost, in credits (bare amounts) or in dollars (the
+    CLI's fields); None when nothing in it is settled, when an amount in it is not one
+    (garbled, negative, ...), or when it names another currency than the dollar."""
+    money = "usage_status" in usage or any(k.endswith(_USD_SUFFIXES) for k in usage)
+    figures = [k for k in usage if (k.endswith(_USD_SUFFIXES) if money else k in LEDGER)]
+    if any(amount(usage[k]) is None for k in figures):
+        return None
+    if not money:
+        spent = settled(*(amount(usage.get(k)) for k in LEDGER))
+        return None if spent is None else Cost(spent, CREDIT)
+    currency = usage.get("billable_currency", usage.get("currency", "USD"))
+    if not isinstance(currency, str) or currency.strip().upper() != "USD":
+        return None
+    state = next((w.strip().lower() for w in (usage.get(k) for k in (
+        "usage_status", "status", "state")) if isinstance(w, str) and w.strip()), "estimated")
+    ledger = {name: _usd(usage, *fields) for name, fields in MONEY_FIELDS.items()}
+    said = _BILLABLE_IS.get(state)
+    if said is not None and ledger[said] is None:
+        ledger[said] = _usd(usage, "billable_amount", "amount")
+    spent = settled(*(ledger[k] for k in LEDGER))
+    return None if spent is None else Cost(spent, USD)
 
 
 def outcome_of(word: str) -> NeutralOutcome:
@@ -159,6 +258,13 @@ class SumeRules:
                     except InvalidJobId:
                         return None
         return None
+
+    def cost(self, body: dict[str, Any], outcome: NeutralOutcome) -> Cost | None:
+        """What Sume's `usage` says the ended job cost (captured; 0 when refunded); None
+        when the answer holds no settled ledger. The outcome is not needed: Sume's own
+        ledger says whether a failure was refunded."""
+        usage = usage_of(body)
+        return None if usage is None else usage_cost(usage)
 
     def media_urls(self, result: Any) -> list[str]:
         """Sume's result lists its videos under `url` keys (`videos[].url`)."""
