@@ -27,6 +27,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,7 @@ from vidpoll.providers.veo.client import VeoClient
 from vidpoll.providers.veo.fake import DEFAULT_API_KEY as VEO_KEY
 from vidpoll.providers.veo.fake import DEFAULT_MODELS as VEO_MODELS
 from vidpoll.providers.veo.fake import FakeVeo, VeoFakeConfig, start_fake_veo
+from vidpoll.spend import AccountSpend
 from vidpoll.store import PgStore, drop_database, migrate
 from vidpoll.submitter import Submitter, SubmitterConfig
 from vidpoll.worker import Worker, WorkerConfig
@@ -187,6 +189,11 @@ def _replicate_fake() -> FakeReplicate:
                                              file_bytes=256 * 1024, seed=11))
     fake.script_creates(REPLICATE_FAULTS)
     return fake
+
+
+DEMO_SPEND = AccountSpend(prices={"default": Decimal("0.50")},
+                          unit_prices={"credit": Decimal("0.01")}, cap_per_day=Decimal("1000"))
+"""The Sume account's prices in the demo: each job settles at Sume's captured credits."""
 
 
 def _fake_config() -> FakeConfig:
@@ -464,12 +471,13 @@ async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
                 claim_mode=ClaimMode.LOCK if i == n_workers - 1 and i else ClaimMode.LEASE,
                 worker_id=f"demo-{i + 1}", policy=policy, accounts=accounts,
                 fetch_results=True, poll_floors=LOWERED_FLOORS,
-                budgets={"default": Budget(READS_PER_S, 2 * READS_PER_S)}))
+                budgets={"default": Budget(READS_PER_S, 2 * READS_PER_S)},
+                spends={"default": DEMO_SPEND}))
                 for i in range(n_workers)]
             submitters = [Submitter(store, clients, SubmitterConfig(
                 concurrency=4, max_active=MAX_ACTIVE, lease_s=8.0, http_timeout_s=3.0,
                 first_poll_s=1.0, drain=True, worker_id=f"demo-{i + 1}", policy=policy,
-                accounts=accounts))
+                accounts=accounts, spends={"default": DEMO_SPEND}))
                 for i in range(n_workers)]
             parts: list[Worker | Submitter] = [*workers, *submitters]
             # the fake serves media on its own origin, as the fetch rules allow
@@ -529,6 +537,7 @@ async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
         runway_downloaded, runway_parked = await _check_runway(store, runway)
         luma_downloaded, luma_adopted = await _check_luma(store, luma)
         kling_downloaded, kling_adopted = await _check_kling(store, kling)
+        spend_line = await _check_spend(store, fake)
     finally:
         await store.close()
         for server in servers:
@@ -564,9 +573,30 @@ async def run_demo(settings: Settings, n_jobs: int, n_workers: int) -> None:
                   f"downloaded from its public CDN, each checked byte for byte")
     console.print(f"(the demo lowered Runway's and Kling's 5 s poll floor to "
                   f"{DEMO_POLL_FLOOR_S:g} s: their fakes render in seconds)")
+    console.print(spend_line)
     console.print(f"{downloaded} videos downloaded to {videos}, each checked against the "
                   f"fake's sha256 (links refreshed after expiring: "
                   f"{sum(1 for _, st, *_ in fake.media_log if st == 403)})")
+
+
+async def _check_spend(store: PgStore, fake: FakeSume) -> str:
+    """What the Sume account spent by vidpoll's ledger against the fake's own: every job's
+    cost is Sume's captured credits at the account's price of a credit (a refunded failure
+    costs 0), so the two agree to the cent, or the demo fails."""
+    rows = [r for r in await store.spend_totals() if r["account"] == "default"]
+    spent = sum((r["spent"] for r in rows), Decimal(0))
+    reserved = sum((r["reserved"] for r in rows), Decimal(0))
+    ledger = fake.ledger()
+    captured = Decimal(ledger["captured"]) * DEMO_SPEND.unit_prices["credit"]
+    if spent != captured or reserved:
+        raise SystemExit(f"spend: vidpoll counted {spent} USD spent and {reserved} reserved, "
+                         f"the fake Sume captured {captured} USD: this is a bug, please "
+                         f"report it")
+    return (f"spend (Sume priced at {DEMO_SPEND.prices['default']} USD a render, "
+            f"{DEMO_SPEND.unit_prices['credit']} a credit): {spent:.2f} USD spent, equal to "
+            f"the fake Sume's own ledger ({ledger['captured']} credits captured, "
+            f"{ledger['refunded']} refunded for failed renders), 0 reserved "
+            f"(`vidpoll spend` prints it by day, model and tag)")
 
 
 async def _check_downloads(store: PgStore, fake: FakeSume) -> int:

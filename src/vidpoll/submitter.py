@@ -277,6 +277,8 @@ class Submitter(Runner):
         """Look-ups in flight (counted in `_inflight` too, but taking no POST slot)."""
         """The shared walks of the provider's records (vidpoll.reconcile)."""
         self._one_shot = False
+        self._spends_generation = 0
+        """Reloads of the prices and caps so far (a claim under older ones re-wakes)."""
         self._reloading: asyncio.Task[None] | None = None
         """The wake of held intents after a reload (SIGHUP), kept from the collector."""
         """submit_now's: one POST whose caller reports a wrong URL itself (no ERROR here)."""
@@ -423,11 +425,16 @@ class Submitter(Runner):
                                                          account=account)
         else:
             spend = cfg.spends.get(account, NO_SPEND)
+            generation = self._spends_generation
             claim = await self.store.claim_checked(
                 want, cfg.lease_s, cfg.worker_id, cfg.max_active, account=account,
                 spend=spend, spend_now=None if cfg.spend_clock is None else cfg.spend_clock())
             got = claim.intents
             self._note_held(account, claim)
+            if claim.held and generation != self._spends_generation:
+                # the caps were reloaded while this claim ran with the old ones (its wake
+                # may have gone first): what it held is checked again under the new ones
+                await self._wake_held()
         # (a held intent sent nothing: its token goes back)
         wait_s = await settle_budget(self.store, take, len(got))
         if wait_s is not None:
@@ -452,6 +459,7 @@ class Submitter(Runner):
         """New prices and caps (SIGHUP re-read the accounts file): the held intents of this
         submitter's accounts are checked again at once against them."""
         self.config = replace(self.config, spends=spends)
+        self._spends_generation += 1
         self._reloading = asyncio.get_running_loop().create_task(self._wake_held())
 
     async def _wake_held(self) -> None:
