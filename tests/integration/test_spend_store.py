@@ -72,3 +72,30 @@ async def test_a_refunded_failure_frees_budget_and_wakes_held_intents(store: PgS
     assert woken.next_attempt_at <= datetime.now(UTC) + timedelta(seconds=5)
     sent, held = await _claim_all(store, spend, "w", now=None)
     assert (sent, held) == (["r-2"], [])
+
+
+async def test_the_spend_metrics_come_from_the_ledger(store: PgStore) -> None:
+    """/metrics of `serve` (the table's figures) over real HTTP: spent by account and model,
+    reserved by account, held by account and cap."""
+    import aiohttp
+
+    from vidpoll.web import metrics_app, start_server
+
+    spend = AccountSpend(prices={"default": Decimal("0.50")}, cap_per_day=Decimal("1"))
+    for n in range(4):
+        await store.add_intent(f"m-{n}", {"n": n})
+    sent, held = await _claim_all(store, spend, "w", now=None)
+    assert (len(sent), len(held)) == (2, 2)
+    async with store._pool.connection() as conn:
+        await conn.execute("INSERT INTO video_jobs (job_id, idempotency_key) VALUES ('j', %s)",
+                           (sent[0],))
+        await conn.execute("UPDATE video_jobs SET state = 'completed' WHERE job_id = 'j'")
+    runner, url = await start_server(metrics_app(store, table_gauges=True), "127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as answer:
+            text = await answer.text()
+    finally:
+        await runner.cleanup()
+    assert 'vidpoll_spend_total{account="default",model=""} 0.5' in text
+    assert 'vidpoll_spend_reserved{account="default"} 0.5' in text
+    assert 'vidpoll_intents_held{account="default",cap="cap_per_day"} 2.0' in text
