@@ -704,7 +704,8 @@ def _file_account(path: Path, name: str, table: Any, env: Mapping[str, str],
         _file_secret(at, "webhook_secret_env", env, secret_env) if secret_env else "",
         secret_env, "file", _file_webhook_url(at, table, allow_insecure_http), options,
         on_unknown, None if min_poll is None else float(min_poll), option_secrets,
-        parse_account_spend(at, table, getattr(provider, "cost_units", None)))
+        parse_account_spend(at, table, getattr(provider, "cost_units", None),
+                            provider.rules.takes_model))
 
 
 def _default_base_url(provider: Provider, options: Mapping[str, str]) -> str:

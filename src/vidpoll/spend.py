@@ -177,9 +177,11 @@ def _seconds(payload: Mapping[str, Any], path: str) -> Decimal | None:
 # --- the accounts file ------------------------------------------------------------------------
 
 def parse_account_spend(at: str, table: Mapping[str, Any],
-                        units: Mapping[str, str] | None = None) -> AccountSpend:
+                        units: Mapping[str, str] | None = None,
+                        takes_model: bool = True) -> AccountSpend:
     """The spend fields of one `[accounts.NAME]` table (`at` names it in every error);
-    `units`: the provider's cost units (`Provider.cost_units`)."""
+    `units`: the provider's cost units (`Provider.cost_units`); `takes_model`: whether its
+    creates name a model (else only a `default` price can ever apply)."""
     currency = table.get("currency", DEFAULT_CURRENCY)
     if not isinstance(currency, str) or not _CURRENCY.fullmatch(currency):
         raise ConfigError(f"{at} currency: must be a currency's code (like currency = \"USD\")")
@@ -197,6 +199,9 @@ def parse_account_spend(at: str, table: Mapping[str, Any],
                               f"[accounts.NAME.prices] with default = 0.50)")
         for model, price in named.items():
             prices[model] = _price(at, f"prices.{model[:64]}", price)
+        if not takes_model and "default" not in prices:
+            raise ConfigError(f"{at} prices: this provider's creates name no model, so only "
+                              f"a `default` price applies (or use price_per_job)")
     unit_prices: dict[str, Decimal] = {}
     given = table.get("unit_prices")
     if given is not None:

@@ -99,3 +99,87 @@ async def test_the_spend_metrics_come_from_the_ledger(store: PgStore) -> None:
     assert 'vidpoll_spend_total{account="default",model=""} 0.5' in text
     assert 'vidpoll_spend_reserved{account="default"} 0.5' in text
     assert 'vidpoll_intents_held{account="default",cap="cap_per_day"} 2.0' in text
+
+
+async def _ledger_matches_running_totals(store: PgStore) -> None:
+    async with store._pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT account, day, coalesce(model, ''), "
+            "coalesce(sum(amount) FILTER (WHERE status = 'reserved'), 0), "
+            "coalesce(sum(amount) FILTER (WHERE status = 'spent'), 0), "
+            "count(*) FILTER (WHERE status <> 'released') "
+            "FROM vidpoll_spend GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
+        ledger = await cur.fetchall()
+        cur = await conn.execute(
+            "SELECT account, day, model, reserved, spent, creates FROM vidpoll_spend_days "
+            "WHERE reserved <> 0 OR spent <> 0 OR creates <> 0 ORDER BY 1, 2, 3")
+        assert await cur.fetchall() == ledger
+
+
+async def test_an_intent_given_back_unsent_gives_its_reservation_back(store: PgStore) -> None:
+    """Claimed late on day 1 and given back unsent (a shutdown, a paused key): it reserves
+    again on day 2, against day 2's cap, never on day 1's reservation."""
+    spend = AccountSpend(prices={"default": Decimal("0.50")}, cap_per_day=Decimal("1"))
+    late = datetime(2026, 12, 6, 23, 59, tzinfo=UTC)
+    for key in ("a0", "a1"):
+        await store.add_intent(key, {"k": key})
+    claim = await store.claim_checked(5, 30.0, "w", None, now=late, spend=spend)
+    assert sorted(i.key for i in claim.intents) == ["a0", "a1"]
+    for intent in claim.intents:
+        assert await store.release_intent(intent, 0.0, now=late)
+    for key in ("b0", "b1"):
+        await store.add_intent(key, {"k": key})
+    next_day = late + timedelta(minutes=2)
+    sent, held = await _claim_all(store, spend, "w", now=next_day)
+    assert len(sent) == 2 and len(held) == 2  # the cap of day 2: two creates, not four
+    await _ledger_matches_running_totals(store)
+
+
+async def test_a_release_past_the_cap_is_for_one_send(store: PgStore) -> None:
+    spend = AccountSpend(prices={"default": Decimal("0.50")}, cap_per_day=Decimal("0.5"))
+    await store.add_intent("first", {"n": 1})
+    await store.add_intent("second", {"n": 2})
+    sent, held = await _claim_all(store, spend, "w", now=None)
+    assert (sent, held) == (["first"], ["second"])
+    assert await store.release_held("second") == "default"
+    claim = await store.claim_checked(5, 30.0, "w", None, spend=spend)
+    assert [i.key for i in claim.intents] == ["second"]
+    async with store._pool.connection() as conn:  # the provider refused it in its own words
+        await conn.execute("UPDATE video_intents SET state = 'rejected', claim_token = NULL "
+                           "WHERE idempotency_key = 'second'")
+    assert await store.requeue_intents(["second"]) == ["second"]
+    again = await store.claim_checked(5, 30.0, "w", None, spend=spend)
+    assert again.intents == [] and [h.key for h in again.held] == ["second"]
+    await _ledger_matches_running_totals(store)
+
+
+async def test_the_hourly_cap_spaces_the_resumes_one_slot_apart(store: PgStore) -> None:
+    """Held by max_creates_per_hour, each waits for a slot of its own: never all due at the
+    moment the first slot frees (claimed and held again together, each time)."""
+    spend = AccountSpend(max_creates_per_hour=2)
+    for n in range(6):
+        await store.add_intent(f"h-{n}", {"n": n})
+    sent, held = await _claim_all(store, spend, "w", now=NOON)
+    assert (len(sent), len(held)) == (2, 4)
+    resumes = sorted([i.next_attempt_at for i in await store.list_intents("held")])
+    first = NOON + timedelta(hours=1)
+    assert resumes == [first + n * timedelta(minutes=30) for n in range(4)]
+    await _ledger_matches_running_totals(store)
+
+
+async def test_a_key_prefix_far_above_its_usual_rate_is_warned_about_once(
+        store: PgStore) -> None:
+    """Without prices or caps: 60 creates of `order-` within ten minutes, none the day
+    before: one warning for the fleet, not one per claim."""
+    async with store._pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO vidpoll_spend (idempotency_key, account, provider, day, reserved_at, "
+            "status) SELECT 'order-' || n, 'default', 'sume', current_date, "
+            "clock_timestamp() - interval '1 minute', 'reserved' "
+            "FROM generate_series(1, 60) n")
+    await store.add_intent("order-999", {"n": 1})
+    await store.add_intent("order-1000", {"n": 2})
+    first = await store.claim_checked(1, 30.0, "w", None, spend=AccountSpend())
+    assert len(first.warnings) == 1 and "'order-'" in first.warnings[0]
+    second = await store.claim_checked(1, 30.0, "w2", None, spend=AccountSpend())
+    assert len(second.intents) == 1 and second.warnings == []

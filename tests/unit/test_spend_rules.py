@@ -331,6 +331,9 @@ BAD_SPEND: list[tuple[str, tuple[str, ...], str, str]] = [
     ("a currency as a number", (PRICE, "currency = 840"), "currency",
      "must be a currency's code"),
     ("an empty currency", (PRICE, 'currency = ""'), "currency", "must be a currency's code"),
+    ("prices by model where creates name none",
+     ("cap_per_day = 10", "[accounts.rep.prices]", "gen4 = 0.5"), "prices",
+     "this provider's creates name no model, so only a `default` price applies"),
 ]
 
 

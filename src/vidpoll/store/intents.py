@@ -174,7 +174,10 @@ class PgIntents(PgBase):
             if guarded and rows:
                 assert spend is not None
                 rows, check = await check_claimed(conn, account, spend, rows,
-                                                  spend_now if spend_now is not None else now)
+                                                  spend_now if spend_now is not None else now,
+                                                  # when each key prefix was last looked at
+                                                  # for a burst, by this store
+                                                  self.__dict__.setdefault("_burst_memo", {}))
             elif rows:
                 rows = await send_held(rows, conn)
         return Claim([_claimed_intent(r) for r in rows], check.held, check.warnings)

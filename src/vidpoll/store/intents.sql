@@ -355,18 +355,29 @@ RETURNING idempotency_key;
 
 -- name: release_intent
 -- Gives a claimed intent back without counting an attempt: it was never sent, or Sume refused
--- the API key (nothing started). Due again after the delay.
-UPDATE video_intents
-SET next_attempt_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
-    attempts = CASE WHEN state = 'reconciling' THEN attempts ELSE greatest(0, attempts - 1) END,
-    -- nothing was sent under this claim: a window it opened closes again
-    create_window_from = CASE WHEN create_window_from = claimed_at THEN NULL
-                              ELSE create_window_from END,
-    claim_token = NULL,
-    updated_at = coalesce(%(now)s::timestamptz, now())
-WHERE idempotency_key = %(key)s AND claim_token = %(token)s
-  AND state IN ('queued', 'unknown', 'reconciling')
-RETURNING idempotency_key;
+-- the API key (nothing started). Due again after the delay. An intent that no create of
+-- could have reached the provider (no attempt left, no unknown outcome) gives its
+-- reservation back too (0017): the claim that sends it reserves again, on its own day.
+WITH i AS (
+  UPDATE video_intents
+  SET next_attempt_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
+      attempts = CASE WHEN state = 'reconciling' THEN attempts ELSE greatest(0, attempts - 1) END,
+      -- nothing was sent under this claim: a window it opened closes again
+      create_window_from = CASE WHEN create_window_from = claimed_at THEN NULL
+                                ELSE create_window_from END,
+      claim_token = NULL,
+      updated_at = coalesce(%(now)s::timestamptz, now())
+  WHERE idempotency_key = %(key)s AND claim_token = %(token)s
+    AND state IN ('queued', 'unknown', 'reconciling')
+  RETURNING idempotency_key, state, attempts, unknown_outcome_at
+), unspent AS (
+  UPDATE vidpoll_spend s SET status = 'released', amount = 0, settled_at = clock_timestamp()
+  FROM i
+  WHERE s.idempotency_key = i.idempotency_key AND i.state = 'queued' AND i.attempts = 0
+    AND i.unknown_outcome_at IS NULL AND s.status = 'reserved' AND s.job_id IS NULL
+  RETURNING s.idempotency_key
+)
+SELECT idempotency_key FROM i;
 
 -- name: resolve_intent_job
 -- `intents resolve KEY --job-id ID`: an operator found the job this key started (Sume's
@@ -425,6 +436,8 @@ SET state = CASE WHEN state = 'unknown' THEN 'unknown' ELSE 'queued' END,
     -- instead of going out as an in-doubt retry
     attempts = CASE WHEN state = 'rejected' THEN 0 ELSE attempts END,
     unknown_outcome_at = CASE WHEN state = 'rejected' THEN NULL ELSE unknown_outcome_at END,
+    -- an operator's release past a cap was for that send: a new one is checked (0017)
+    past_cap = CASE WHEN state = 'rejected' THEN false ELSE past_cap END,
     resolution = CASE WHEN state = 'rejected' THEN NULL ELSE resolution END,
     resolved_at = CASE WHEN state = 'rejected' THEN NULL ELSE resolved_at END,
     consecutive_errors = 0, rejected_at = NULL,

@@ -6,6 +6,7 @@ spend.sql (the ledger is settled by triggers as jobs end: migrations/0017_spend.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
@@ -27,6 +28,7 @@ NO_PRICE_RETRY = timedelta(hours=1)
 """How long such an intent waits before it is checked again (a reload wakes it sooner)."""
 BURST_MIN = 50
 BURST_FACTOR = 10.0
+BURST_CHECK_EVERY_S = 60.0
 BURST_PREFIXES_CHECKED = 3
 """At most this many prefixes are checked per claim (a claim takes a few intents)."""
 _PREFIX = re.compile(r"^(.+?[-_:/.])[^-_:/.]+$")
@@ -45,7 +47,8 @@ def money(amount: Decimal, currency: str) -> str:
 
 
 async def check_claimed(conn: AsyncConnection[Any], account: str, spend: AccountSpend,
-                        rows: list[dict[str, Any]], now: datetime | None
+                        rows: list[dict[str, Any]], now: datetime | None,
+                        burst_memo: dict[tuple[str, str], float] | None = None
                         ) -> tuple[list[dict[str, Any]], SpendCheck]:
     """Reserve the claimed intents' estimates within the account's caps, oldest first, in the
     claim's transaction (the caller holds the account's admission lock); those that do not fit
@@ -65,16 +68,19 @@ async def check_claimed(conn: AsyncConnection[Any], account: str, spend: Account
     cur2 = conn.cursor(row_factory=dict_row)
     await cur2.execute(_q("spend_used"), {
         "account": account, "day": day, "month_from": first, "month_to": next_month,
+        "month": spend.cap_per_month is not None, "hour_max": spend.max_creates_per_hour,
         "hour_from": now - timedelta(hours=1), "prefixes": prefixes,
         "keys": [r["idempotency_key"] for r in rows]})
     used = await cur2.fetchone()
     assert used is not None
     have = set(used["reserved_keys"])
     day_used = used["day_spent"] + used["day_reserved"]
-    month_used = used["month_spent"] + used["month_reserved"]
+    month_spent = used["month_spent"] or Decimal(0)
+    month_used = month_spent + (used["month_reserved"] or Decimal(0))
     prefix_used = dict(zip(prefixes, used["prefix_used"], strict=True))
-    hour_creates = int(used["hour_creates"])
+    hour_creates = int(used["hour_creates"] or 0)
     hour_oldest: datetime | None = used["hour_oldest"]
+    hourly_held: int | None = None  # held for the hourly cap already (read when needed)
     reserved: list[tuple[dict[str, Any], Decimal | None]] = []
     held: list[Held] = []
 
@@ -112,7 +118,16 @@ async def check_claimed(conn: AsyncConnection[Any], account: str, spend: Account
             e = estimate or Decimal(0)
             if (spend.max_creates_per_hour is not None
                     and hour_creates + 1 > spend.max_creates_per_hour):
-                until = (hour_oldest or now) + timedelta(hours=1)
+                if hourly_held is None:
+                    cur = await conn.execute(_q("held_for_cap"), {
+                        "account": account, "cap": "max_creates_per_hour"})
+                    found_n = await cur.fetchone()
+                    hourly_held = int(found_n[0]) if found_n else 0
+                # one resume per slot the hour frees, in order: all of them due at the first
+                # would be claimed and held again together, each slot that frees
+                slot = timedelta(hours=1) / spend.max_creates_per_hour
+                until = max((hour_oldest or now) + timedelta(hours=1), now) + hourly_held * slot
+                hourly_held += 1
                 hold(row, "max_creates_per_hour",
                      f"max_creates_per_hour {spend.max_creates_per_hour} reached: "
                      f"{hour_creates} creates in the last hour; resumes "
@@ -128,8 +143,8 @@ async def check_claimed(conn: AsyncConnection[Any], account: str, spend: Account
             if spend.cap_per_month is not None and month_used + e > spend.cap_per_month:
                 until = spend.month_end(now)
                 hold(row, "cap_per_month",
-                     over("cap_per_month", spend.cap_per_month, used["month_spent"],
-                          month_used - used["month_spent"], e, until, "the next month"), until)
+                     over("cap_per_month", spend.cap_per_month, month_spent,
+                          month_used - month_spent, e, until, "the next month"), until)
                 continue
             full = [p for p in prefixes_of(key, spend)
                     if prefix_used[p] + e > spend.cap_per_key_prefix[p]]
@@ -169,10 +184,21 @@ async def check_claimed(conn: AsyncConnection[Any], account: str, spend: Account
                                prefix_used) if reserved else []
     sent_under = {key_prefix(r["idempotency_key"]) for r, _ in reserved}
     for namespace in sorted(n for n in sent_under if n)[:BURST_PREFIXES_CHECKED]:
+        if burst_memo is not None:  # each prefix looked at once a minute per process
+            seen = burst_memo.get((account, namespace))
+            if seen is not None and time.monotonic() - seen < BURST_CHECK_EVERY_S:
+                continue
+            burst_memo[(account, namespace)] = time.monotonic()
         warnings += await _burst(conn, account, namespace, now)
     out = {h.key for h in held}
-    return await send_held([r for r in rows if r["idempotency_key"] not in out],
-                           conn), SpendCheck(held, warnings)
+    going = [r for r in rows if r["idempotency_key"] not in out]
+    chain = not held and any(r["state"] == HELD for r in going)
+    going = await send_held(going, conn)
+    if chain:
+        # held intents go and none was held again: the next ones are due now, 20 at a time
+        # (after send_held: those going are `queued` and claimed, never woken themselves)
+        await conn.execute(_q("wake_next_held"), {"account": account})
+    return going, SpendCheck(held, warnings)
 
 
 async def send_held(rows: list[dict[str, Any]], conn: AsyncConnection[Any]
@@ -201,6 +227,11 @@ async def _burst(conn: AsyncConnection[Any], account: str, prefix: str,
     """The runaway guard without prices: a prefix whose creates in the last 10 minutes are at
     least BURST_MIN and BURST_FACTOR times its 10-minute average over the day before; said
     once an hour per prefix, fleet-wide."""
+    cur = await conn.execute(_q("spend_burst_recent"), {
+        "account": account, "prefix": prefix, "now": now, "floor": BURST_MIN})
+    found = await cur.fetchone()
+    if found is None or int(found[0]) < BURST_MIN:
+        return []  # the common case: one cheap count, never the day's
     cur = await conn.execute(_q("spend_burst"), {"account": account, "prefix": prefix,
                                                  "now": now})
     row = await cur.fetchone()
@@ -251,8 +282,10 @@ class PgSpend(PgBase):
         return None if row is None else str(row["account"])
 
     async def wake_held(self, accounts: Sequence[str]) -> int:
-        """Make the held intents of `accounts` due now (settings reloaded); how many."""
-        return len(await self._all("wake_held_intents", {"accounts": list(accounts)}))
+        """Make the oldest held intents of `accounts` due now (a start, settings reloaded:
+        those that go wake the next ones); how many."""
+        row = await self._one("wake_held_intents", {"accounts": list(accounts)})
+        return int(row["woken"]) if row else 0
 
     async def spend_rows(self, windows: dict[str, tuple[date, date]]
                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -6,24 +6,32 @@
 SELECT clock_timestamp() AS now;
 
 -- name: spend_used
--- What counts against an account's caps now (under its admission lock): the day's and the
--- month's amounts (spent and reserved apart, for the held reason), creates in the last hour,
--- each capped prefix's day, and which of the claimed keys hold a reservation already (a
--- re-sent create reserves nothing more).
+-- What counts against an account's caps now (under its admission lock), from the running
+-- totals (a few rows): the day's and the month's amounts (spent and reserved apart, for the
+-- held reason; the month only with a month cap); creates in the last hour (only with
+-- max_creates_per_hour, counted to one past it); each capped prefix's day (the ledger's rows
+-- of the day: only with such caps); and which of the claimed keys hold a reservation already
+-- (a re-sent create reserves nothing more).
 SELECT
-  (SELECT coalesce(sum(amount) FILTER (WHERE status = 'spent'), 0) FROM vidpoll_spend
+  (SELECT coalesce(sum(spent), 0) FROM vidpoll_spend_days
    WHERE account = %(account)s AND day = %(day)s) AS day_spent,
-  (SELECT coalesce(sum(amount) FILTER (WHERE status = 'reserved'), 0) FROM vidpoll_spend
+  (SELECT coalesce(sum(reserved), 0) FROM vidpoll_spend_days
    WHERE account = %(account)s AND day = %(day)s) AS day_reserved,
-  (SELECT coalesce(sum(amount) FILTER (WHERE status = 'spent'), 0) FROM vidpoll_spend
-   WHERE account = %(account)s AND day >= %(month_from)s AND day < %(month_to)s) AS month_spent,
-  (SELECT coalesce(sum(amount) FILTER (WHERE status = 'reserved'), 0) FROM vidpoll_spend
-   WHERE account = %(account)s AND day >= %(month_from)s AND day < %(month_to)s)
+  CASE WHEN %(month)s THEN
+    (SELECT coalesce(sum(spent), 0) FROM vidpoll_spend_days
+     WHERE account = %(account)s AND day >= %(month_from)s AND day < %(month_to)s) END
+    AS month_spent,
+  CASE WHEN %(month)s THEN
+    (SELECT coalesce(sum(reserved), 0) FROM vidpoll_spend_days
+     WHERE account = %(account)s AND day >= %(month_from)s AND day < %(month_to)s) END
     AS month_reserved,
-  (SELECT count(*) FROM vidpoll_spend
-   WHERE account = %(account)s AND reserved_at > %(hour_from)s) AS hour_creates,
-  (SELECT min(reserved_at) FROM vidpoll_spend
-   WHERE account = %(account)s AND reserved_at > %(hour_from)s) AS hour_oldest,
+  CASE WHEN %(hour_max)s::int IS NOT NULL THEN
+    (SELECT count(*) FROM (SELECT 1 FROM vidpoll_spend
+                           WHERE account = %(account)s AND reserved_at > %(hour_from)s
+                           LIMIT %(hour_max)s::int + 1) h) END AS hour_creates,
+  CASE WHEN %(hour_max)s::int IS NOT NULL THEN
+    (SELECT min(reserved_at) FROM vidpoll_spend
+     WHERE account = %(account)s AND reserved_at > %(hour_from)s) END AS hour_oldest,
   ARRAY(SELECT coalesce((SELECT sum(s.amount) FROM vidpoll_spend s
                          WHERE s.account = %(account)s AND s.day = %(day)s
                            AND s.status <> 'released' AND starts_with(s.idempotency_key, p)),
@@ -33,6 +41,15 @@ SELECT
   ARRAY(SELECT idempotency_key FROM vidpoll_spend
         WHERE idempotency_key = ANY(%(keys)s::text[]) AND status <> 'released')
     AS reserved_keys;
+
+-- name: held_for_cap
+-- How many intents of an account one cap holds now (the hourly cap spaces their resumes).
+SELECT count(*) AS n FROM video_intents
+WHERE state = 'held' AND account = %(account)s AND held_cap = %(cap)s;
+
+-- name: wake_next_held
+-- A claim sent held intents and held none: the next ones are due now (20 at a time).
+SELECT vidpoll_wake_held(%(account)s) AS woken;
 
 -- name: reserve_spend
 -- The reservations of the creates about to be sent: a key whose reservation was released (a
@@ -83,16 +100,14 @@ RETURNING cap;
 UPDATE video_intents
 SET state = 'queued', past_cap = true, held_reason = NULL, held_cap = NULL,
     next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
-WHERE idempotency_key = %(key)s AND state = 'held'
+WHERE idempotency_key = %(key)s AND state = 'held' AND claim_token IS NULL
 RETURNING idempotency_key, account;
 
 -- name: wake_held_intents
--- Settings reloaded (a cap raised): the held intents of these accounts are due now, each
--- checked again against the caps as they are now.
-UPDATE video_intents SET next_attempt_at = clock_timestamp()
-WHERE state = 'held' AND account = ANY(%(accounts)s::text[])
-  AND next_attempt_at > clock_timestamp()
-RETURNING idempotency_key;
+-- A submitter started, or reloaded its caps: the oldest held intents of its accounts are due
+-- now, checked against the caps as they are now (those that go wake the next ones).
+SELECT coalesce(sum(vidpoll_wake_held(a)), 0) AS woken
+FROM unnest(%(accounts)s::text[]) AS a;
 
 -- name: spend_by_day
 -- `vidpoll spend`: amounts by day, account, model and status, each account in its window.
@@ -129,12 +144,18 @@ GROUP BY account, held_cap ORDER BY account, held_cap;
 
 -- name: spend_totals
 -- For /metrics: spent by account and model since the ledger began (a counter), and what is
--- reserved now by account.
-SELECT account, coalesce(model, '') AS model,
-       coalesce(sum(amount) FILTER (WHERE status = 'spent'), 0) AS spent,
-       coalesce(sum(amount) FILTER (WHERE status = 'reserved'), 0) AS reserved
-FROM vidpoll_spend
+-- reserved now by account, from the running totals (a row per account, day and model).
+SELECT account, model, sum(spent) AS spent, sum(reserved) AS reserved
+FROM vidpoll_spend_days
 GROUP BY account, model ORDER BY account, model;
+
+-- name: spend_burst_recent
+-- Creates of one key prefix in the last 10 minutes (counted to the warning's floor: cheap).
+SELECT count(*) AS n FROM (
+  SELECT 1 FROM vidpoll_spend
+  WHERE account = %(account)s AND starts_with(idempotency_key, %(prefix)s)
+    AND reserved_at > %(now)s::timestamptz - interval '10 minutes'
+  LIMIT %(floor)s) r;
 
 -- name: spend_burst
 -- Creates of one key prefix in the last 10 minutes and in the 24 hours before them (the

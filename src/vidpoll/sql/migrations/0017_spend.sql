@@ -96,23 +96,79 @@ CREATE TABLE IF NOT EXISTS vidpoll_spend_warnings (
   PRIMARY KEY (account, cap, window_start)
 );
 
+-- Running totals of the ledger by account, day and model, kept by a trigger on every change
+-- of it: a claim's cap check and /metrics read a few rows of these (at most one per day and
+-- model) instead of summing a month of the ledger under the account's lock.
+-- vidpoll: step
+CREATE TABLE IF NOT EXISTS vidpoll_spend_days (
+  account  text NOT NULL,
+  day      date NOT NULL,
+  model    text NOT NULL DEFAULT '',
+  reserved numeric NOT NULL DEFAULT 0,
+  spent    numeric NOT NULL DEFAULT 0,
+  creates  bigint NOT NULL DEFAULT 0,
+  PRIMARY KEY (account, day, model)
+);
+
+-- vidpoll: step
+CREATE OR REPLACE FUNCTION vidpoll_spend_days_kept() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+BEGIN
+  IF TG_OP = 'UPDATE' THEN
+    UPDATE vidpoll_spend_days
+    SET reserved = reserved - CASE WHEN OLD.status = 'reserved' THEN coalesce(OLD.amount, 0)
+                                   ELSE 0 END,
+        spent = spent - CASE WHEN OLD.status = 'spent' THEN coalesce(OLD.amount, 0) ELSE 0 END,
+        creates = creates - CASE WHEN OLD.status <> 'released' THEN 1 ELSE 0 END
+    WHERE account = OLD.account AND day = OLD.day AND model = coalesce(OLD.model, '');
+  END IF;
+  INSERT INTO vidpoll_spend_days AS d (account, day, model, reserved, spent, creates)
+  VALUES (NEW.account, NEW.day, coalesce(NEW.model, ''),
+          CASE WHEN NEW.status = 'reserved' THEN coalesce(NEW.amount, 0) ELSE 0 END,
+          CASE WHEN NEW.status = 'spent' THEN coalesce(NEW.amount, 0) ELSE 0 END,
+          CASE WHEN NEW.status <> 'released' THEN 1 ELSE 0 END)
+  ON CONFLICT (account, day, model) DO UPDATE
+  SET reserved = d.reserved + EXCLUDED.reserved, spent = d.spent + EXCLUDED.spent,
+      creates = d.creates + EXCLUDED.creates;
+  RETURN NULL;
+END
+$$;
+
+-- vidpoll: step
+DROP TRIGGER IF EXISTS vidpoll_spend_days_kept ON vidpoll_spend;
+CREATE TRIGGER vidpoll_spend_days_kept
+  AFTER INSERT OR UPDATE OF status, amount, day, model ON vidpoll_spend
+  FOR EACH ROW EXECUTE FUNCTION vidpoll_spend_days_kept();
+
 -- Budget freed on an account: its oldest held intents are due now (each is checked again by
 -- the next claim and held again, with its reason brought up to date, if it still does not
 -- fit). A few: one refund frees room for about one job, and waking thousands would have each
 -- claimed and held again for nothing (a reload of the caps wakes them all).
+-- The submitters wake them too: at start and on a reload of the caps (the oldest 20), and a
+-- claim that sent held intents without holding any wakes the next 20 (so a cap raised lets
+-- them all go, 20 at a time, never all at once).
 -- vidpoll: step
-CREATE OR REPLACE FUNCTION vidpoll_wake_held(acct text) RETURNS void
+DROP FUNCTION IF EXISTS vidpoll_wake_held(text);
+CREATE FUNCTION vidpoll_wake_held(acct text) RETURNS integer
 LANGUAGE plpgsql AS $$
+DECLARE
+  woken integer;
 BEGIN
   UPDATE video_intents SET next_attempt_at = clock_timestamp()
   WHERE idempotency_key IN (
-    SELECT idempotency_key FROM video_intents
-    WHERE state = 'held' AND account = acct AND next_attempt_at > clock_timestamp()
-    ORDER BY priority DESC, seq
-    LIMIT 20);
-  IF FOUND THEN
+      SELECT idempotency_key FROM video_intents
+      WHERE state = 'held' AND account = acct AND next_attempt_at > clock_timestamp()
+        AND claim_token IS NULL
+      ORDER BY priority DESC, seq
+      LIMIT 20)
+    -- checked again on the row as it is when locked (a claim may have taken it since the
+    -- subquery's snapshot): never one claimed or sent, whose lease is its schedule
+    AND state = 'held' AND claim_token IS NULL;
+  GET DIAGNOSTICS woken = ROW_COUNT;
+  IF woken > 0 THEN
     PERFORM pg_notify('vidpoll_intents', '');
   END IF;
+  RETURN woken;
 END
 $$;
 
@@ -149,7 +205,8 @@ BEGIN
   IF NEW.cost IS NULL THEN
     NEW.cost := est;
   END IF;
-  IF settled IS NOT NULL AND settled < coalesce(est, 0) THEN
+  -- a refund, or a cost well under the estimate, frees room for another job
+  IF settled IS NOT NULL AND est > 0 AND (settled = 0 OR est - settled >= est / 2) THEN
     PERFORM vidpoll_wake_held(NEW.account);
   END IF;
   RETURN NEW;
