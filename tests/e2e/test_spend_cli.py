@@ -88,8 +88,17 @@ def test_a_capped_account_from_submit_to_spend(db_url: str, fake_base: str, tmp_
     assert released.exit_code == 0 and "released past the cap" in released.stdout
     again = _run("intents", "release", "k3")
     assert again.exit_code == 1 and "no held intent" in again.stderr
-    drained = _run("worker", "--drain", "--concurrency", "4")
+    hook_log = tmp_path / "hooks.log"
+    monkeypatch.setenv("HOOK_LOG", str(hook_log))
+    drained = _run("worker", "--drain", "--concurrency", "4", "--on-terminal",
+                   "tests.integration.hook_fixtures:record_cost")
     assert drained.exit_code == 0, drained.output
+    # a hook sees what each job cost: the fake Sume's 50 credits per render, no unit price
+    # for credits on this account, so the estimate (0.50) and the figure as given
+    seen = {line.split()[1]: line.split(maxsplit=2)[2]
+            for line in hook_log.read_text().splitlines()}
+    assert len(seen) == 3 and set(jobs) <= set(seen)
+    assert set(seen.values()) == {"0.5 50 credit [('team', 'ads')]"}
 
     report = json.loads(_run("spend", "--json").stdout)
     totals = report["accounts"]["default"]

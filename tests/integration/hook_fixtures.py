@@ -24,3 +24,9 @@ def record(job: Job) -> None:
     while block and Path(block).exists():
         time.sleep(0.05)
     _log(f"done {job.job_id} {job.state} files={len(job.files)}")
+
+
+def record_cost(job: Job) -> None:
+    """Log what the job cost and its tags, as a hook sees them."""
+    _log(f"cost {job.job_id} {job.cost} {job.provider_cost} {job.provider_cost_unit} "
+         f"{sorted((job.tags or {}).items())}")

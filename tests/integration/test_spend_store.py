@@ -183,3 +183,27 @@ async def test_a_key_prefix_far_above_its_usual_rate_is_warned_about_once(
     assert len(first.warnings) == 1 and "'order-'" in first.warnings[0]
     second = await store.claim_checked(1, 30.0, "w2", None, spend=AccountSpend())
     assert len(second.intents) == 1 and second.warnings == []
+
+
+async def test_the_80_percent_warning_is_said_once_per_cap_and_window(store: PgStore) -> None:
+    for n in range(40):
+        await store.add_intent(f"w-{n:02d}", {"n": n})
+    warnings: list[str] = []
+    for who in ("a", "b", "c"):  # three submitters of one fleet
+        claim = await store.claim_checked(4, 3 * 86400.0, who, None, now=NOON, spend=FLAT)
+        warnings += claim.warnings
+        while claim.intents or claim.held:
+            claim = await store.claim_checked(4, 3 * 86400.0, who, None, now=NOON, spend=FLAT)
+            warnings += claim.warnings
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("account default: cap_per_day ")
+    assert "of 10.00 USD" in warnings[0]
+    # the next day is another window: its 20 go, and it is said again there
+    tomorrow = NOON + timedelta(days=1)
+    again: list[str] = []
+    while True:
+        claim = await store.claim_checked(4, 3 * 86400.0, "a", None, now=tomorrow, spend=FLAT)
+        again += claim.warnings
+        if not claim.intents and not claim.held:
+            break
+    assert len(again) == 1 and again[0].startswith("account default: cap_per_day ")

@@ -79,6 +79,8 @@ RETURNING d.job_id, d.consumer, d.token, d.attempts, d.generation, d.detail,
           j.state AS job_state, j.account, j.provider_status, j.result, j.result_state,
           j.outcome, j.provider,
           j.finished_at, j.created_at, j.polls, j.idempotency_key,
+          -- what it cost (0017): `job.cost` in a hook
+          j.cost, j.provider_cost, j.provider_cost_unit, j.tags,
           (SELECT f.detail FROM vidpoll_deliveries f
            WHERE f.job_id = d.job_id AND f.consumer = 'download' AND f.state = 'done') AS files;
 
