@@ -408,3 +408,24 @@ def test_a_tag_is_name_equals_value(text: str, expected: tuple[str, str]) -> Non
 def test_a_tag_without_a_name_and_an_equals_sign_is_refused(text: str) -> None:
     with pytest.raises(InvalidIntent, match="write it as name=value"):
         parse_tag(text)
+
+
+def test_doctor_says_what_each_account_knows_of_its_costs() -> None:
+    from vidpoll.doctor import OK, spend_findings
+
+    found = {f.check: f for f in spend_findings({
+        "plain": (AccountSpend(), {"credit": "Sume credits"}),
+        "guarded": (AccountSpend(max_creates_per_hour=50), {}),
+        "capped": (AccountSpend(prices={"default": D("0.5")}, cap_per_day=D(10),
+                                unit_prices={"credit": D("0.01")}),
+                   {"credit": "Sume credits", "usd": "US dollars"}),
+        "uncovered": (AccountSpend(currency="EUR", prices={"default": D(1)}),
+                      {"credit": "Sume credits"})})}
+    assert {f.status for f in found.values()} == {OK}
+    assert found["spend: plain"].detail == ("no prices: its jobs have no estimate and no spend "
+                                            "cap")
+    assert "max_creates_per_hour 50 caps its creates" in found["spend: guarded"].detail
+    assert found["spend: capped"].detail == "priced in USD; caps: cap_per_day 10 USD"
+    assert found["spend: capped"].fix == ""  # `usd` is money on a USD account
+    assert "credit figures are recorded but not converted" in found["spend: uncovered"].detail
+    assert "unit_prices] credit" in found["spend: uncovered"].fix
