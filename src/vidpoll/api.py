@@ -53,7 +53,7 @@ from vidpoll.models import (
 )
 from vidpoll.policy import RETRYABLE_4XX, AuthPause
 from vidpoll.runner import SHUTDOWN_TIMEOUT_S
-from vidpoll.spend import AccountSpend, NoEstimate, check_tags, held_reason
+from vidpoll.spend import NoEstimate, check_tags, held_reason
 from vidpoll.store import INTENTS_CHANNEL, JOB_DONE_CHANNEL, POLLS, SUBMITS, PgStore
 from vidpoll.submitter import IntentStore, SubmitterConfig, submit_now
 from vidpoll.worker import Store
@@ -252,7 +252,7 @@ class Vidpoll:
         if problem:
             raise ConfigError(f"the request body for account {account!r} ({provider.title}): "
                               f"{problem}")
-        spend = self._spends(account).get(account)
+        spend = self.settings.spends([account]).get(account)
         if spend is not None and spend.capped:
             try:  # a capped account sends nothing it cannot price
                 spend.estimate(payload, model)
@@ -293,7 +293,7 @@ class Vidpoll:
                                  policy=self.settings.policy, listen=False,
                                  accounts=(account,),
                                  budgets=self.settings.budgets("create", [account]),
-                                 spends=self._spends(account))
+                                 spends=self.settings.spends([account]))
         async with client_for(self.settings, account) as client:
             result = await submit_now(self.store, client, config, key, account)
         intent = await self.store.get_intent(key)
@@ -316,10 +316,6 @@ class Vidpoll:
             reason = held_reason(intent)
         return Submission(intent, False, reason, refused)
 
-    def _spends(self, account: str) -> dict[str, AccountSpend]:
-        """The account's prices and caps, as the submitters of the fleet apply them."""
-        found = self.settings.accounts.get(account)
-        return {} if found is None else {account: found.spend}
 
     def _refusal_reason(self, key: str, account: str, refused: str,
                         result: SubmitOutcome | AuthPause | None) -> str:

@@ -463,6 +463,12 @@ class Settings:
         found = {a: self.budget(kind, a) for a in accounts}
         return {a: b for a, b in found.items() if b is not None}
 
+    def spends(self, accounts: Sequence[str] | None = None) -> dict[str, AccountSpend]:
+        """The prices and caps (vidpoll.spend) of `accounts` (None: every account) that this
+        process knows of."""
+        names = self.accounts if accounts is None else accounts
+        return {a: self.accounts[a].spend for a in names if a in self.accounts}
+
 
 def key_variable(account: str) -> str:
     """The environment variable that holds the key of `account` when the environment (not

@@ -78,7 +78,7 @@ def serve_cmd(host: str, port: int, metrics_port: int | None, metrics_host: str)
                          metrics_token=settings.metrics_token or None, metrics_apart=apart,
                          trusted_proxies=settings.trusted_proxies,
                          webhook_events_retention_s=settings.webhook_events_retention_s,
-                         spends={n: a.spend for n, a in settings.accounts.items()}),
+                         spends=settings.spends()),
                 host, port), host, port, "--port")
             scrapes = "/metrics"
             if metrics_port is not None:

@@ -39,7 +39,7 @@ def spend_cmd(since: datetime | None, until: datetime | None, only: tuple[str, .
     from vidpoll.spend import NO_SPEND
 
     settings = _settings()
-    spends = {name: acc.spend for name, acc in settings.accounts.items()}
+    spends = settings.spends()
     if since is not None and until is not None and since > until:
         raise click.BadParameter("--since is after --until", param_hint="--since")
 

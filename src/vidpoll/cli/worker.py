@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from vidpoll.config import Settings
     from vidpoll.deliver import Deliverer
     from vidpoll.models import ClaimMode
-    from vidpoll.spend import AccountSpend
     from vidpoll.submitter import Submitter
     from vidpoll.worker import Worker
 
@@ -168,7 +167,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
             poll_floors={name: acc.min_poll_s for name, acc in settings.accounts.items()
                          if name in served and acc.min_poll_s is not None},
             vacuum_every_rows=vacuum_every, read_timeout_s=settings.http_timeout_s,
-            shutdown_timeout_s=shutdown_timeout, spends=_spends(settings, served))
+            shutdown_timeout_s=shutdown_timeout, spends=settings.spends(served))
     except ConfigError as exc:
         _stderr(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)")
         sys.exit(2)
@@ -184,7 +183,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                 budgets=settings.budgets("create", served), shutdown_timeout_s=shutdown_timeout,
                 resend_unknown=frozenset(name for name, acc in settings.accounts.items()
                                          if acc.on_unknown_create == "resend"),
-                spends=_spends(settings, served))
+                spends=settings.spends(served))
         except ConfigError as exc:
             _stderr(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)")
             sys.exit(2)
@@ -248,11 +247,6 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
     _run(go())
 
 
-def _spends(settings: Settings, served: Sequence[str]) -> dict[str, AccountSpend]:
-    """The prices and caps of the accounts served (vidpoll.spend)."""
-    return {a: settings.accounts[a].spend for a in served if a in settings.accounts}
-
-
 def _reload_spends(parts: Sequence[Worker | Submitter], served: Sequence[str]) -> None:
     """SIGHUP: read the accounts file again and apply its prices and caps (a cap raised lets
     held intents go at once). Nothing else is reloaded: keys, URLs and rates need a restart.
@@ -266,7 +260,7 @@ def _reload_spends(parts: Sequence[Worker | Submitter], served: Sequence[str]) -
         log.error("SIGHUP: the settings were not reloaded, the old prices and caps stay: %s",
                   exc)
         return
-    spends = _spends(settings, served)
+    spends = settings.spends(served)
     for part in parts:
         if isinstance(part, Worker):
             part.config = dataclasses.replace(part.config, spends=spends)
