@@ -1019,12 +1019,11 @@ async def submit_now(store: IntentStore, creator: VideoCreator, config: Submitte
         spend=config.spends.get(account, NO_SPEND),
         spend_now=None if config.spend_clock is None else config.spend_clock())
     claimed = claim.intents
-    for warning in claim.warnings:
-        log.warning("spend: %s", warning, extra=event(account=account))
+    submitter = Submitter(store, {account: creator}, config)
+    submitter._note_held(account, claim)
     if not claimed:
         if budget is not None:
             await store.refund_tokens(account, "create", 1)
         return None
-    submitter = Submitter(store, {account: creator}, config)
     submitter._one_shot = True
     return await submitter.send(claimed[0], claimed_at)

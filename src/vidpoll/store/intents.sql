@@ -210,8 +210,9 @@ RETURNING i.idempotency_key, i.claim_token, i.payload, i.attempts, i.consecutive
           -- claim's POST went out before its lease ended)
           coalesce(i.unknown_outcome_at, coalesce(%(now)s::timestamptz, now())) AS window_to,
           i.last_http_status,
-          -- for the spend check (vidpoll.store.spend): order, tags, an operator's release
-          i.seq, i.priority, i.tags, i.past_cap, i.provider;
+          -- for the spend check (vidpoll.store.spend): order, tags, an operator's release,
+          -- and the database's clock, which counts its windows for the whole fleet
+          i.seq, i.priority, i.tags, i.past_cap, i.provider, clock_timestamp() AS db_now;
 
 -- name: claim_unknown_intents
 -- While an account's submitting is paused for credits (402), its `unknown` intents still go

@@ -1,10 +1,6 @@
 -- Spend (0017): the reservations every create makes before it is sent, the caps they are
 -- checked against, and where the money went. Run by vidpoll.store.spend.
 
--- name: spend_clock
--- The database's clock: every submitter of the fleet counts windows by the same one.
-SELECT clock_timestamp() AS now;
-
 -- name: spend_used
 -- What counts against an account's caps now (under its admission lock), from the running
 -- totals (a few rows): the day's and the month's amounts (spent and reserved apart, for the
