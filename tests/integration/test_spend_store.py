@@ -207,3 +207,18 @@ async def test_the_80_percent_warning_is_said_once_per_cap_and_window(store: PgS
         if not claim.intents and not claim.held:
             break
     assert len(again) == 1 and again[0].startswith("account default: cap_per_day ")
+
+
+async def test_a_raised_cap_lets_every_held_intent_go_twenty_at_a_time(store: PgStore) -> None:
+    """A reload wakes the 20 oldest held; a claim that sends held intents and holds none wakes
+    the next 20: all 45 go, never one left waiting for the next day."""
+    tight = AccountSpend(prices={"default": Decimal("0.50")}, cap_per_day=Decimal("0.5"))
+    for n in range(46):
+        await store.add_intent(f"c-{n:02d}", {"n": n})
+    sent, held = await _claim_all(store, tight, "w", now=None)
+    assert (len(sent), len(held)) == (1, 45)
+    raised = AccountSpend(prices={"default": Decimal("0.50")}, cap_per_day=Decimal("100"))
+    assert await store.wake_held(["default"]) == 20
+    sent, held = await _claim_all(store, raised, "w", now=None)
+    assert (len(sent), held) == (45, [])
+    assert await store.list_intents("held") == []
