@@ -11,7 +11,9 @@ from vidpoll.spend import AccountSpend
 from vidpoll.store import PgStore
 
 FLAT = AccountSpend(prices={"default": Decimal("0.50")}, cap_per_day=Decimal("10"))
-NOON = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+# an injected day after today's (UTC): every intent the tests record is due by then
+TOMORROW = datetime.now(UTC).date() + timedelta(days=1)
+NOON = datetime.combine(TOMORROW, datetime.min.time(), UTC) + timedelta(hours=12)
 
 
 async def _claim_all(store: PgStore, spend: AccountSpend, who: str,
@@ -41,7 +43,7 @@ async def test_concurrent_claimers_never_exceed_the_day_cap(store: PgStore) -> N
     intent = await store.get_intent("k-059")
     assert intent is not None and intent.state == HELD and intent.held_cap == "cap_per_day"
     assert intent.held_reason is not None and "10.00 USD" in intent.held_reason
-    assert intent.next_attempt_at == datetime(2026, 12, 7, tzinfo=UTC)
+    assert intent.next_attempt_at == NOON + timedelta(hours=12)
     # the day turns: the 20 oldest held go, the rest wait for the next day
     next_day = NOON + timedelta(days=1)
     sent2, held2 = await _claim_all(store, FLAT, "w9", now=next_day)
@@ -49,7 +51,7 @@ async def test_concurrent_claimers_never_exceed_the_day_cap(store: PgStore) -> N
     assert len(held2) == 20
     again = await store.get_intent("k-059")
     assert again is not None and again.state == HELD
-    assert again.next_attempt_at == datetime(2026, 12, 8, tzinfo=UTC)
+    assert again.next_attempt_at == NOON + timedelta(hours=36)
 
 
 async def test_a_refunded_failure_frees_budget_and_wakes_held_intents(store: PgStore) -> None:
@@ -120,7 +122,7 @@ async def test_an_intent_given_back_unsent_gives_its_reservation_back(store: PgS
     """Claimed late on day 1 and given back unsent (a shutdown, a paused key): it reserves
     again on day 2, against day 2's cap, never on day 1's reservation."""
     spend = AccountSpend(prices={"default": Decimal("0.50")}, cap_per_day=Decimal("1"))
-    late = datetime(2026, 12, 6, 23, 59, tzinfo=UTC)
+    late = NOON + timedelta(hours=11, minutes=59)
     for key in ("a0", "a1"):
         await store.add_intent(key, {"k": key})
     claim = await store.claim_checked(5, 30.0, "w", None, now=late, spend=spend)
