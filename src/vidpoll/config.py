@@ -30,6 +30,7 @@ from vidpoll.models import DEFAULT_ACCOUNT
 from vidpoll.policy import Budget, PollPolicy, validate_account
 from vidpoll.providers import registry
 from vidpoll.providers.base import AccountOption, Provider
+from vidpoll.schedule import DEFAULT_DETECT_P95_S, DEFAULT_OVERDUE_FACTOR
 from vidpoll.spend import NO_SPEND, SPEND_FIELDS, AccountSpend, parse_account_spend
 
 T = TypeVar("T")
@@ -268,6 +269,25 @@ class Account:
     variable it names (empty when unset)."""
     spend: AccountSpend = NO_SPEND
     """Prices and caps (vidpoll.spend): none unless the accounts file sets them."""
+    timing: AccountTiming = field(default_factory=lambda: AccountTiming())
+    """How its hint-less jobs are read (vidpoll.schedule): learned or fixed, the target."""
+
+
+POLL_SCHEDULES = ("learned", "fixed")
+TIMING_FIELDS = ("poll_schedule", "detect_p95_s", "overdue_factor")
+
+
+@dataclass(frozen=True, slots=True)
+class AccountTiming:
+    """`poll_schedule`, `detect_p95_s`, `overdue_factor` of an `[accounts.NAME]` table."""
+
+    schedule: str = "learned"
+    """`learned`: reads planned from the render times of the job's model once it has
+    enough history (vidpoll.schedule); `fixed`: the fixed interval, always."""
+    detect_p95_s: float = DEFAULT_DETECT_P95_S
+    """The detection delay a learned schedule aims at (95 % of ends seen within it)."""
+    overdue_factor: float = DEFAULT_OVERDUE_FACTOR
+    """A job running past its model's p99 render time times this is overdue."""
 
 
 @dataclass(frozen=True)
@@ -509,7 +529,7 @@ def _by_account(env: Mapping[str, str], prefix: str,
 
 FILE_FIELDS = ("provider", "base_url", "api_key_env", "webhook_secret_env",
                "status_rate_per_min", "submit_rate_per_min", "webhook_url",
-               "on_unknown_create", "min_poll_s", *SPEND_FIELDS)
+               "on_unknown_create", "min_poll_s", *SPEND_FIELDS, *TIMING_FIELDS)
 """What an `[accounts.NAME]` table of any provider may hold; `api_key_env` is required
 (unless the provider's `key_setting` names another field), besides its own fields
 (`Provider.account_options`)."""
@@ -696,6 +716,7 @@ def _file_account(path: Path, name: str, table: Any, env: Mapping[str, str],
                                  or not math.isfinite(min_poll) or not 0.01 <= min_poll <= 3600):
         raise ConfigError(f"{at} min_poll_s: must be a number of seconds from 0.01 to 3600, "
                           f"without quotes (like min_poll_s = 10)")
+    timing = _file_timing(at, table)
     secret_env = ""
     if "webhook_secret_env" in table:
         secret_env = _variable_name(at, "webhook_secret_env", table["webhook_secret_env"],
@@ -711,7 +732,27 @@ def _file_account(path: Path, name: str, table: Any, env: Mapping[str, str],
         secret_env, "file", _file_webhook_url(at, table, allow_insecure_http), options,
         on_unknown, None if min_poll is None else float(min_poll), option_secrets,
         parse_account_spend(at, table, getattr(provider, "cost_units", None),
-                            provider.rules.takes_model))
+                            provider.rules.takes_model), timing)
+
+
+def _file_timing(at: str, table: Mapping[str, Any]) -> AccountTiming:
+    """The account's poll schedule settings; a refusal names the field and what it takes."""
+    schedule = table.get("poll_schedule", "learned")
+    if schedule not in POLL_SCHEDULES:
+        raise ConfigError(f"{at} poll_schedule: must be \"learned\" (the default: reads "
+                          f"planned from the model's render times) or \"fixed\"")
+
+    def number(name: str, default: float, low: float, high: float, example: str) -> float:
+        value = table.get(name, default)
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value) or not low <= value <= high):
+            raise ConfigError(f"{at} {name}: must be a number from {low:g} to {high:g}, "
+                              f"without quotes (like {name} = {example})")
+        return float(value)
+
+    return AccountTiming(schedule,
+                         number("detect_p95_s", DEFAULT_DETECT_P95_S, 0.1, 3600, "5"),
+                         number("overdue_factor", DEFAULT_OVERDUE_FACTOR, 1, 100, "2"))
 
 
 def _default_base_url(provider: Provider, options: Mapping[str, str]) -> str:

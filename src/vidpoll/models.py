@@ -106,6 +106,12 @@ class ClaimedJob:
     time a row then waits for a free slot is added to its lateness at the read's start."""
     handle: dict[str, Any] | None = None
     """What the provider's reads of this job need beyond its id (fal's URLs); None: nothing."""
+    created_at: datetime | None = None
+    """When the row was made (after the create's answer): a learned schedule's age counts
+    from it. None: as `polling_since`."""
+    model: str | None = None
+    duration_key: str | None = None
+    """The request's model and duration key (0018): which render times plan its reads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +312,14 @@ class Outcome:
     provider_cost: Decimal | None = None
     provider_cost_unit: str | None = None
     """The provider's own figure and unit (`Rules.cost`), recorded as given."""
+    poll_reason: str | None = None
+    """Why the next read is when it is (a pending outcome): the provider's hint, a learned
+    schedule's step, the fixed interval, a backoff. Shown by `jobs show`."""
+    overdue_after_s: float | None = None
+    """Age (from the row's creation) past which the job is overdue: its group's p99 times
+    the account's factor; None: keep what the row has."""
+    render_s: float | None = None
+    """A final answer's render time by the provider's own clock (`Rules.render_seconds`)."""
 
     @property
     def is_final(self) -> bool:

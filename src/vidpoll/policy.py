@@ -38,6 +38,7 @@ from vidpoll.models import (
     SubmitOutcome,
 )
 from vidpoll.providers.base import ResultSource, Rules, Terminal, Unreadable
+from vidpoll.schedule import Plan
 
 DEFAULT_POLL_INTERVAL_S = 15.0
 MAX_JOB_ID_LEN = 1024
@@ -247,6 +248,15 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
 
 def next_poll_delay(raw: Any, policy: PollPolicy) -> float:
     """Seconds until the next read from the provider's hint, defaulted and clamped."""
+    value = hint_seconds(raw, policy)
+    if value is None:
+        value = policy.default_poll_s
+    return min(policy.max_poll_s, max(policy.min_poll_s, value))
+
+
+def hint_seconds(raw: Any, policy: PollPolicy) -> float | None:
+    """The provider's hint in seconds (unclamped), or None when it gives none that can be
+    read (absent, a bool, negative, not a number)."""
     value: float | None = None
     if isinstance(raw, bool):
         value = None
@@ -261,8 +271,8 @@ def next_poll_delay(raw: Any, policy: PollPolicy) -> float:
         except ValueError:
             value = None
     if value is None or not math.isfinite(value) or value < 0:
-        value = policy.default_poll_s
-    return min(policy.max_poll_s, max(policy.min_poll_s, value))
+        return None
+    return value
 
 
 def _age_s(job: ClaimedJob, now: datetime) -> float:
@@ -314,8 +324,13 @@ def _request_id(body: dict[str, Any] | None, answer: HttpAnswer) -> str | None:
 
 
 def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolicy,
-           rng: random.Random, rules: Rules) -> Outcome | AuthPause:
-    """Classify one status read and say what the row becomes."""
+           rng: random.Random, rules: Rules, schedule: Plan | str | None = None,
+           overdue_factor: float | None = None) -> Outcome | AuthPause:
+    """Classify one status read and say what the row becomes.
+
+    `schedule`: the learned plan of the job's group (`vidpoll.schedule`), used only when the
+    answer gives no hint; a text: why there is none yet (shown in the row's `poll_reason`).
+    `overdue_factor`: with a plan, the job is overdue past its group's p99 times this."""
     status = answer.status
     # parsed once: the hot path of every read
     body = _json_object(answer.body)
@@ -372,20 +387,57 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
         return error(ErrorClass.MALFORMED, view.why)
     if isinstance(view, Terminal):
         return Outcome(job.job_id, job.claim_token, view.word[:64], 0.0, read_ok=True,
+                       render_s=_render_seconds(rules, body),
                        http_status=status, provider_status=view.word, body=body,
                        error=view.detail[:MAX_ERROR_TEXT] if view.detail else None,
                        request_id=request_id, account=job.account, outcome=view.outcome,
                        inline_result=(view.outcome == SUCCEEDED
                                       and rules.result_source is ResultSource.INLINE))
     state = GAVE_UP if _age_s(job, now) >= policy.max_age_s else PENDING
-    return Outcome(job.job_id, job.claim_token, state,
-                   next_poll_delay(view.hint, policy), read_ok=True,
+    delay, reason = _next_read(job, view.hint, now, policy, schedule)
+    return Outcome(job.job_id, job.claim_token, state, delay, read_ok=True,
                    http_status=status,
                    provider_status=(f"{view.word} ({view.detail[:60]})"
                                     if view.detail and view.word else view.word),
                    body=body, request_id=request_id, account=job.account,
                    outcome=GAVE_UP if state == GAVE_UP else None,
-                   unknown_word=not view.known)
+                   unknown_word=not view.known, poll_reason=reason,
+                   overdue_after_s=(schedule.overdue_after_s(overdue_factor)
+                                    if isinstance(schedule, Plan) and overdue_factor
+                                    else None))
+
+
+def _render_seconds(rules: Rules, body: dict[str, Any]) -> float | None:
+    """The provider's own render time in a final answer (optional `Rules.render_seconds`):
+    a finite number of seconds under a week, else None (the trigger then records vidpoll's
+    own observation)."""
+    seconds = getattr(rules, "render_seconds", None)
+    if seconds is None:
+        return None
+    try:
+        value = seconds(body)
+    except Exception:  # an optional figure: the job's end must be recorded all the same
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and 0 <= value <= 7 * 86400 else None
+
+
+def _next_read(job: ClaimedJob, hint: Any, now: datetime, policy: PollPolicy,
+               schedule: Plan | str | None) -> tuple[float, str]:
+    """(seconds, why) until the next read of a job still running: the provider's hint when
+    it gives one (it always wins), else the learned plan's next read for the job's age,
+    else the fixed interval."""
+    if hint_seconds(hint, policy) is not None:
+        delay = next_poll_delay(hint, policy)
+        return delay, f"the provider's hint: {delay:g}s"
+    if isinstance(schedule, Plan):
+        born = job.created_at or job.polling_since
+        step = schedule.next_read(max(0.0, (now - born).total_seconds()))
+        return min(policy.max_poll_s, max(policy.min_poll_s, step.delay_s)), step.reason
+    delay = next_poll_delay(None, policy)
+    return delay, f"fixed {delay:g}s" + (f": {schedule}" if schedule else "")
 
 
 RETRYABLE_READ_4XX = frozenset({408, 425, 429})

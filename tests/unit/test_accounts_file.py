@@ -327,7 +327,16 @@ BAD_FIELDS = [
      "base_url, api_key_env, webhook_secret_env, status_rate_per_min, submit_rate_per_min, "
      "webhook_url, on_unknown_create, min_poll_s, currency, price_per_job, prices, "
      "unit_prices, cap_per_day, cap_per_month, cap_timezone, cap_per_key_prefix, "
-     "max_creates_per_hour)"),
+     "max_creates_per_hour, poll_schedule, detect_p95_s, overdue_factor)"),
+    ("a target as text", account(KEYED, 'detect_p95_s = "5"'), "detect_p95_s",
+     "must be a number from 0.1 to 3600, without quotes (like detect_p95_s = 5)"),
+    ("a zero target", account(KEYED, "detect_p95_s = 0"), "detect_p95_s",
+     "must be a number from 0.1 to 3600"),
+    ("an unknown schedule", account(KEYED, 'poll_schedule = "smart"'), "poll_schedule",
+     'must be "learned" (the default: reads planned from the model\'s render times) or '
+     '"fixed"'),
+    ("an overdue factor under 1", account(KEYED, "overdue_factor = 0.5"), "overdue_factor",
+     "must be a number from 1 to 100"),
     ("an unknown field", account(KEYED, "colour = 'red'"), "colour",
      "unknown field (allowed for Sume: provider, base_url"),
     ("webhook_secret_env holding the secret", account(KEYED, f'webhook_secret_env = '

@@ -127,9 +127,14 @@ def jobs_show(job_id: str, as_json: bool) -> None:
                  "next_poll_at", "polls", "consecutive_errors", "errors_total",
                  "last_error_class", "last_http_status", "last_error", "last_request_id",
                  "claimed_by", "idempotency_key", "cost", "provider_cost",
-                 "provider_cost_unit", "tags"):
+                 "provider_cost_unit", "tags", "model", "duration_key", "render_s",
+                 "overdue_at"):
         if shown.get(name) is not None:
             row.add_row(name, escape(_cell(shown[name])))
+    if shown.get("state") == "pending" and shown.get("poll_reason"):
+        # the worker's words for why the next read is when it is (a learned schedule's step,
+        # the provider's hint, the fixed interval)
+        row.add_row("next read", escape(_cell(shown["poll_reason"])))
     if shown["archived"]:
         row.add_row("archived_at", escape(_cell(shown.get("archived_at"))))
     console.print(Panel(row, title=f"job {_shown(job_id)}", expand=False))
@@ -229,10 +234,17 @@ def jobs_watch(job_id: str, timeout: float | None) -> None:
 @jobs.command("stats")
 @click.option("--minutes", default=10, show_default=True, type=click.IntRange(1, 10_080),
               help="The window for rates and errors.")
+@click.option("--durations", is_flag=True,
+              help="Render times instead: per account, provider and model (and duration key) "
+                   "the finished jobs counted and their p10/p50/p90/p99 in seconds, as the "
+                   "learned poll schedule uses them.")
 @click.option("--json", "as_json", is_flag=True)
-def jobs_stats(minutes: int, as_json: bool) -> None:
+def jobs_stats(minutes: int, durations: bool, as_json: bool) -> None:
     """Counts by state, the due backlog and how late it is, polls per second and errors by
     class over the last minutes, stuck claims, deliveries and rate buckets."""
+    if durations:
+        _duration_stats(as_json)
+        return
 
     async def collect(store: PgStore) -> dict[str, Any]:
         due, late = await store.backlog()
@@ -294,6 +306,34 @@ def jobs_stats(minutes: int, as_json: bool) -> None:
                    f"{b['server_pauses']} server pauses")
 
 
+def _duration_stats(as_json: bool) -> None:
+    """`jobs stats --durations`: the render-time summary (refreshed first if stale)."""
+    from vidpoll.schedule import ANY_KEY, LEARN_AFTER_JOBS
+
+    groups = _on_store(lambda store: store.render_stats())
+    rows = [{"account": d.account, "provider": d.provider, "model": d.model,
+             "duration_key": None if d.duration_key == ANY_KEY else d.duration_key,
+             "jobs": d.jobs, "learned": d.jobs >= LEARN_AFTER_JOBS,
+             **{f"p{p}": round(d.quantile(p / 100), 2) for p in (10, 50, 90, 99)}}
+            for d in groups]
+    if as_json:
+        click.echo(json.dumps({"durations": rows, "learn_after_jobs": LEARN_AFTER_JOBS}))
+        return
+    if not rows:
+        click.echo("no render times yet: they are recorded as jobs end (succeeded or failed)")
+        return
+    click.echo(f"render times (seconds from create to end; a schedule is learned from "
+               f"{LEARN_AFTER_JOBS} finished jobs):")
+    click.echo(f"{'account':<12} {'provider':<10} {'model':<24} {'key':<10} {'jobs':>6} "
+               f"{'p10':>7} {'p50':>7} {'p90':>7} {'p99':>7}")
+    for r in rows:
+        key = "(all)" if r["duration_key"] is None else r["duration_key"] or "-"
+        click.echo(f"{_cell(r['account']):<12.12} {_cell(r['provider']):<10.10} "
+                   f"{_cell(r['model']) or '(none)':<24.24} {_cell(key):<10.10} "
+                   f"{r['jobs']:>6} {r['p10']:>7.1f} {r['p50']:>7.1f} {r['p90']:>7.1f} "
+                   f"{r['p99']:>7.1f}")
+
+
 @jobs.command("list")
 @click.option("--state", type=LaterChoice("vidpoll.providers.registry:job_states"),
               help="pending, finished, or one final state [default: every row].")
@@ -304,10 +344,13 @@ def jobs_stats(minutes: int, as_json: bool) -> None:
 @click.option("--account", help="Only this account's rows.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--after", "cursor", help="The cursor printed under the previous page.")
+@click.option("--overdue", is_flag=True,
+              help="Only pending jobs running past their model's p99 render time times the "
+                   "account's overdue_factor, the longest overdue first.")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object: rows (full job ids) and next cursor.")
 def jobs_list(state: str | None, order: str | None, account: str | None, limit: int,
-              cursor: str | None, as_json: bool) -> None:
+              cursor: str | None, overdue: bool, as_json: bool) -> None:
     """Rows a page at a time, newest first (or --order); ids shortened to fit the terminal
     (--json has them whole). Paging is by cursor (--after), so
     pages never skip or repeat a row."""
@@ -316,6 +359,13 @@ def jobs_list(state: str | None, order: str | None, account: str | None, limit: 
     from rich.table import Table
 
     from vidpoll.store import InvalidCursor
+
+    if overdue:
+        if state not in (None, "pending") or order is not None or cursor is not None:
+            raise click.UsageError("--overdue lists pending jobs, longest overdue first: "
+                                   "without --state, --order or --after")
+        _overdue(account, limit, as_json)
+        return
 
     if order is None:
         order = "due" if state == "pending" else "newest"
@@ -361,6 +411,25 @@ def jobs_list(state: str | None, order: str | None, account: str | None, limit: 
         click.echo("no jobs" + (" on this page" if cursor else ""))
     if next_cursor:
         click.echo(f"next page: --after {next_cursor}")
+
+
+def _overdue(account: str | None, limit: int, as_json: bool) -> None:
+    """`jobs list --overdue`."""
+    rows = _on_store(lambda store: store.list_overdue(account, limit))
+    if as_json:
+        click.echo(json.dumps({"jobs": rows, "next": None}, default=_json_default))
+        return
+    if not rows:
+        click.echo("no overdue jobs")
+        return
+    now = datetime.now(UTC)
+    for r in rows:
+        late = _duration((now - r["overdue_at"]).total_seconds()) or "0s"
+        click.echo(f"{_shown(r['job_id'])}  {_shown(r['account'])}  "
+                   f"{_shown(r['model'] or '(no model)')}  running "
+                   f"{_duration(r['age_s']) or '0s'}, overdue for {late}, "
+                   f"{r['polls']} polls, "
+                   f"{_shown(r['provider_status'] or '')}")
 
 
 _ORDER_WORDS = {"newest": "newest first", "oldest": "oldest first", "due": "soonest due first"}

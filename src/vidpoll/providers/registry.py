@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+from typing import Any
 
 from vidpoll.errors import ConfigError
 from vidpoll.models import LOCAL_TERMINAL_STATES, PENDING
@@ -66,3 +67,19 @@ def job_states() -> tuple[str, ...]:
     words = {w for name in names() for w in load(name).rules.words}
     return (PENDING, "finished", *sorted(words - LOCAL_TERMINAL_STATES - {PENDING}),
             *sorted(LOCAL_TERMINAL_STATES))
+
+
+DURATION_KEY_MAX = 64
+
+
+def duration_key_of(provider: str, payload: dict[str, Any], model: str | None) -> str | None:
+    """What of a create request changes how long its render takes (the provider's optional
+    `Rules.duration_key`: the clip length, ...), recorded with the intent and its job so that
+    learned schedules group renders by it; None when the provider knows none, or its rules
+    fail on this request (a key is a refinement: never a reason to refuse one)."""
+    try:
+        keyed = getattr(load(provider).rules, "duration_key", None)
+        key = keyed(payload, model) if keyed is not None else None
+    except Exception:  # an optional helper of the provider must not block a submit
+        return None
+    return key[:DURATION_KEY_MAX] if isinstance(key, str) and key else None

@@ -9,6 +9,8 @@ per named query, in one module per domain, each beside the .sql files it runs:
     deliveries  result fetches and deliveries (downloads, hooks)
     operations  vacuum, counters, figures, the dashboard's sessions, presence, doctor's reads
     retention   `jobs prune` and the pruning of webhook events
+    spend       held intents and the ledger's reports
+    durations   render times: the learned schedule's summary, overdue jobs
     presence    what a worker's connections say it serves (pure)
 
 PgStore is all of them; the two methods that read across domains are its own.
@@ -26,6 +28,7 @@ from vidpoll.sql import migrations
 from vidpoll.store.base import _q, create_database_if_missing, drop_database
 from vidpoll.store.budgets import PgBudgets
 from vidpoll.store.deliveries import PgDeliveries
+from vidpoll.store.durations import PgDurations
 from vidpoll.store.intents import PgIntents
 from vidpoll.store.jobs import ORDERS, LockedBatch, PgJobs, job_view
 from vidpoll.store.listener import INTENTS_CHANNEL, JOB_DONE_CHANNEL, JOBS_CHANNEL
@@ -72,7 +75,7 @@ __all__ = [
 
 
 class PgStore(PgJobs, PgIntents, PgBudgets, PgDeliveries, PgOperations, PgRetention,
-              PgSpend):
+              PgSpend, PgDurations):
     """The job table, through a small pool of autocommit connections. Its own two methods read
     across domains: a job with its deliveries, and everything doctor looks at."""
 

@@ -83,10 +83,11 @@ class PgIntents(PgBase):
         validate_key(key)
         validate_account(account)
         payload = validate_payload(payload)
+        provider = provider or registry.DEFAULT_PROVIDER
         row = await self._one("insert_intent", {
             "key": key, "payload": Jsonb(payload), "priority": priority, "account": account,
-            "provider": provider or registry.DEFAULT_PROVIDER, "model": model,
-            "tags": _tags(tags)})
+            "provider": provider, "model": model, "tags": _tags(tags),
+            "duration_key": registry.duration_key_of(provider, payload, model)})
         intent = await self.get_intent(key)
         assert intent is not None
         if row is None and (intent.payload != payload or intent.account != account
@@ -113,12 +114,14 @@ class PgIntents(PgBase):
         items = list(first.values())
         if not items:
             return 0, conflicts
+        provider = provider or registry.DEFAULT_PROVIDER
         async with translate_errors(), self._pool.connection() as conn, conn.transaction():
             cur = await conn.execute(_q("insert_intents"), {
                 "keys": [k for k, _, _ in items], "payloads": [Jsonb(p) for _, p, _ in items],
                 "priorities": [pr for _, _, pr in items], "account": validate_account(account),
-                "provider": provider or registry.DEFAULT_PROVIDER, "model": model,
-                "tags": _tags(tags)})
+                "provider": provider, "model": model, "tags": _tags(tags),
+                "duration_keys": [registry.duration_key_of(provider, p, model)
+                                  for _, p, _ in items]})
             new = {r[0] for r in await cur.fetchall()}
             old = [k for k, _, _ in items if k not in new]
             if old:

@@ -5,18 +5,19 @@
 -- Records an intent. ON CONFLICT keeps the first: a key we already have is never re-queued or
 -- changed, so recording again after a crash or a re-run cannot send a second POST.
 INSERT INTO video_intents (idempotency_key, payload, priority, account, provider, model,
-                           tags)
+                           tags, duration_key)
 VALUES (%(key)s, %(payload)s, %(priority)s, %(account)s, %(provider)s, %(model)s,
-        %(tags)s::jsonb)
+        %(tags)s::jsonb, %(duration_key)s)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING idempotency_key;
 
 -- name: insert_intents
 -- The bulk path (`submit --file`): one statement per batch; returns the keys that were new.
 INSERT INTO video_intents (idempotency_key, payload, priority, account, provider, model,
-                           tags)
-SELECT k, p, pr, %(account)s, %(provider)s, %(model)s, %(tags)s::jsonb
-FROM unnest(%(keys)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[]) AS u(k, p, pr)
+                           tags, duration_key)
+SELECT k, p, pr, %(account)s, %(provider)s, %(model)s, %(tags)s::jsonb, dk
+FROM unnest(%(keys)s::text[], %(payloads)s::jsonb[], %(priorities)s::int[],
+            %(duration_keys)s::text[]) AS u(k, p, pr, dk)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING idempotency_key;
 
@@ -278,7 +279,7 @@ WHERE me.idempotency_key = %(key)s AND a.state = 'queued' AND a.account = me.acc
 -- failed: the id is Sume's answer for this key whoever asked, and a paid job must be tracked.
 WITH job AS (
   INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key, account, provider,
-                          handle, tags)
+                          handle, tags, model, duration_key)
   VALUES (%(job_id)s, 'pending',
           coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
           %(key)s,
@@ -289,7 +290,10 @@ WITH job AS (
           -- the provider's handle of the job (0016): the URLs fal says never to build
           %(handle)s::jsonb,
           -- `submit --tag` (0017)
-          (SELECT tags FROM video_intents WHERE idempotency_key = %(key)s))
+          (SELECT tags FROM video_intents WHERE idempotency_key = %(key)s),
+          -- which render times plan its reads (0018)
+          (SELECT model FROM video_intents WHERE idempotency_key = %(key)s),
+          (SELECT duration_key FROM video_intents WHERE idempotency_key = %(key)s))
   ON CONFLICT (job_id) DO UPDATE
     SET idempotency_key = coalesce(video_jobs.idempotency_key, EXCLUDED.idempotency_key),
         handle = coalesce(video_jobs.handle, EXCLUDED.handle)
@@ -402,9 +406,9 @@ WITH i AS (
   RETURNING idempotency_key, account, provider, tags
 ), job AS (
   INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key, account, provider,
-                          tags)
+                          tags, model, duration_key)
   SELECT %(job_id)s, 'pending', coalesce(%(now)s::timestamptz, now()), i.idempotency_key,
-         i.account, i.provider, i.tags
+         i.account, i.provider, i.tags, i.model, i.duration_key
   FROM i
   ON CONFLICT (job_id) DO UPDATE
     SET idempotency_key = coalesce(video_jobs.idempotency_key, EXCLUDED.idempotency_key)
@@ -515,10 +519,11 @@ RETURNING idempotency_key;
 -- its key and adopts nothing).
 WITH job AS (
   INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key, account, provider,
-                          handle, tags)
+                          handle, tags, model, duration_key)
   SELECT %(job_id)s, 'pending',
          coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(delay_s)s::float8),
-         i.idempotency_key, i.account, i.provider, %(handle)s::jsonb, i.tags
+         i.idempotency_key, i.account, i.provider, %(handle)s::jsonb, i.tags, i.model,
+         i.duration_key
   FROM video_intents i
   WHERE i.idempotency_key = %(key)s AND i.claim_token = %(token)s
     AND i.state IN ('queued', 'reconciling')

@@ -34,7 +34,9 @@ def _job(row: dict[str, Any], sent_mono: float = 0.0, claimed_mono: float = 0.0
                       polls=row["polls"], consecutive_errors=row["consecutive_errors"],
                       not_found_count=row["not_found_count"], account=row["account"],
                       late_s=float(row["late_s"] or 0.0), sent_mono=sent_mono,
-                      claimed_mono=claimed_mono, handle=row.get("handle"))
+                      claimed_mono=claimed_mono, handle=row.get("handle"),
+                      created_at=row.get("created_at"), model=row.get("model"),
+                      duration_key=row.get("duration_key"))
 
 
 def job_view(row: dict[str, Any], state: str, files: Any) -> Job:
@@ -68,7 +70,8 @@ def _outcome_params(outcomes: Sequence[Outcome], now: datetime | None) -> dict[s
          # amounts as text: exact decimals through JSON (0017)
          "cost": None if o.cost is None else str(o.cost),
          "provider_cost": None if o.provider_cost is None else str(o.provider_cost),
-         "provider_cost_unit": o.provider_cost_unit}
+         "provider_cost_unit": o.provider_cost_unit, "render_s": o.render_s,
+         "poll_reason": o.poll_reason, "overdue_after_s": o.overdue_after_s}
         for o in outcomes], allow_nan=False), "now": now}
 
 

@@ -44,6 +44,8 @@ RETURNING j.job_id, j.claim_token, due.next_poll_at AS due_at, j.polling_since, 
           j.consecutive_errors, j.not_found_count, j.account,
           -- what the provider's reads of this job need beyond its id (0016; NULL for most)
           j.handle,
+          -- which render times plan its reads, and its age (0018)
+          j.created_at, j.model, j.duration_key,
           -- how late the claim is, by the database's clock (no worker clock skew in it)
           extract(epoch FROM coalesce(%(now)s::timestamptz, clock_timestamp())
                              - due.next_poll_at)::float8 AS late_s;
@@ -65,7 +67,8 @@ WITH o AS (
        AS o(job_id text, claim_token uuid, state text, delay_s float8, read_ok bool,
             http_status int, error_class text, error text, provider_status text, body jsonb,
             request_id text, age_s float8, succeeded bool, outcome text, inline bool,
-            cost numeric, provider_cost numeric, provider_cost_unit text)
+            cost numeric, provider_cost numeric, provider_cost_unit text,
+            render_s float8, poll_reason text, overdue_after_s float8)
 )
 UPDATE video_jobs AS j
 SET state = o.state,
@@ -84,6 +87,12 @@ SET state = o.state,
                                             ELSE o.delay_s END)
                         ELSE j.next_poll_at END,
     poked_at = NULL,
+    -- why the next read is when it is, and when the job becomes overdue (0018): the plan of
+    -- its group (its p99 times the account's factor); the provider's own render time
+    poll_reason = CASE WHEN o.state = 'pending' THEN o.poll_reason ELSE NULL END,
+    overdue_at = CASE WHEN o.overdue_after_s IS NULL THEN j.overdue_at
+                      ELSE j.created_at + make_interval(secs => o.overdue_after_s) END,
+    render_s = CASE WHEN o.state = 'pending' THEN j.render_s ELSE o.render_s END,
     finished_at = CASE WHEN o.state = 'pending' THEN NULL ELSE o.answered_at END,
     updated_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
     last_polled_at = o.answered_at,

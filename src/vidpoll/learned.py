@@ -1,0 +1,138 @@
+"""Learned schedules in a running worker: the render-time summary, read at most once a
+minute and only while some read needs it, turned into one `Plan` per group and floor.
+
+The worker asks `Schedules.for_job` on every read of a provider that gives no hint; the
+answer is a `Plan` (`vidpoll.schedule`), or a text saying why there is none yet (fewer than
+`LEARN_AFTER_JOBS` finished jobs, the account's `poll_schedule = "fixed"`), which the row's
+`poll_reason` shows. `run` refreshes the summary while such reads happen (a worker whose
+provider always hints, or that has nothing to read, never queries it: an idle fleet's cost
+is unchanged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from vidpoll.aio import honour_cancel
+from vidpoll.errors import DatabaseUnavailable
+from vidpoll.models import ClaimedJob
+from vidpoll.schedule import (
+    ANY_KEY,
+    DEFAULT_DETECT_P95_S,
+    DEFAULT_OVERDUE_FACTOR,
+    LEARN_AFTER_JOBS,
+    Durations,
+    Plan,
+    plan,
+)
+
+log = logging.getLogger("vidpoll.learned")
+
+REFRESH_S = 60.0
+"""How often a worker that needs the summary reads it again."""
+
+
+class DurationsStore(Protocol):
+    """What the schedules read: the render-time summary."""
+
+    async def render_stats(self, max_age_s: float = ...,
+                           now: datetime | None = ...) -> list[Durations]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """An account's settings for its hint-less jobs (config.AccountTiming's fields)."""
+
+    learned: bool = True
+    detect_p95_s: float = DEFAULT_DETECT_P95_S
+    overdue_factor: float = DEFAULT_OVERDUE_FACTOR
+
+
+class Schedules:
+    """Plans by (account, provider, model, duration key), from the latest summary."""
+
+    def __init__(self, store: DurationsStore, timings: Mapping[str, Timing] | None = None,
+                 *, providers: Mapping[str, str] | None = None, fallback_s: float = 15.0,
+                 first_read_s: float = 15.0, refresh_s: float = REFRESH_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.timings = dict(timings or {})
+        self.providers = dict(providers or {})
+        """account -> its provider (the summary's groups name both)."""
+        self.fallback_s = fallback_s
+        self.first_read_s = first_read_s
+        self.refresh_s = refresh_s
+        self._clock = clock
+        self._groups: dict[tuple[str, str, str, str], Durations] = {}
+        self._plans: dict[tuple[str, str, str, str, float], Plan] = {}
+        self._wanted = asyncio.Event()
+        self._loaded_at: float | None = None
+        self.refreshes = 0
+
+    def timing(self, account: str) -> Timing:
+        """The account's settings (the defaults for one not given)."""
+        return self.timings.get(account, Timing())
+
+    def load(self, groups: list[Durations]) -> None:
+        """Take a summary (`store.render_stats`); plans are made again as asked for."""
+        self._groups = {(d.account, d.provider, d.model, d.duration_key): d for d in groups}
+        self._plans.clear()
+        self._loaded_at = self._clock()
+
+    def for_job(self, job: ClaimedJob, floor_s: float) -> Plan | str:
+        """The plan of the job's group, or why it has none (for the row's `poll_reason`)."""
+        timing = self.timing(job.account)
+        if not timing.learned:
+            return "the account's poll_schedule is fixed"
+        self._wanted.set()
+        if self._loaded_at is None:
+            return "render times not read yet"
+        provider = self.providers.get(job.account, "")
+        model = job.model or ""
+        key = job.duration_key or ""
+        best: Durations | None = None
+        for group in ((job.account, provider, model, key),
+                      (job.account, provider, model, ANY_KEY)):
+            d = self._groups.get(group)
+            if d is not None and d.jobs >= LEARN_AFTER_JOBS:
+                best = d
+                break
+            if best is None and d is not None:
+                best = d
+        if best is None:
+            return (f"no finished job of {model or '(no model)'} yet; {LEARN_AFTER_JOBS} "
+                    f"are needed to learn")
+        if best.jobs < LEARN_AFTER_JOBS:
+            return (f"{best.jobs} finished jobs of {best.shown()}; {LEARN_AFTER_JOBS} are "
+                    f"needed to learn")
+        cache = (best.account, best.provider, best.model, best.duration_key, floor_s)
+        made = self._plans.get(cache)
+        if made is None:
+            made = plan(best, target_s=timing.detect_p95_s, floor_s=floor_s,
+                        fallback_s=self.fallback_s, first_read_s=self.first_read_s)
+            self._plans[cache] = made
+        return made
+
+    async def refresh(self) -> None:
+        """Read the summary now (refreshing it first when it is stale, fleet-wide)."""
+        self.load(await self.store.render_stats())
+        self.refreshes += 1
+
+    async def run(self) -> None:
+        """Read the summary when a read first needs it, then every `refresh_s` while reads
+        keep needing it; until cancelled (the worker's shutdown)."""
+        while True:
+            honour_cancel()
+            await self._wanted.wait()
+            self._wanted.clear()
+            try:
+                await self.refresh()
+            except DatabaseUnavailable as exc:
+                log.debug("render times not read: %s", exc)
+            await asyncio.sleep(self.refresh_s)
