@@ -64,6 +64,16 @@ refunded failure; None when the answer says nothing, and the estimate is kept) w
 `Provider.cost_units` (a mapping of each unit `cost` may name -> what it is, for the
 account's `[accounts.NAME.unit_prices]`: a unit priced there is converted to money, one that
 is not is recorded and never mixed into money);
+`Rules.duration_key(payload, model) -> str | None` (what of a create request changes how long
+its render takes, as a short key that learned poll schedules group renders by: the clip length
+and, where the provider has one, the resolution or mode, `5s`, `8s 1080p`, `5s pro`; equal
+requests give equal keys (`5`, `"5"`, `"5s"` all `5s`); at most 32 characters, never a prompt
+or any value that is not a short scalar; None when the request names none);
+`Rules.render_seconds(body) -> float | None` (how long a render took by the provider's own
+clock, from a final status answer that carries both a start and an end time: Replicate's
+`created_at` to `completed_at`, Kling's `created_at` to `updated_at`; None when it does not,
+or when the span is unreadable, negative or above 7 days; pure and cheap, never raises:
+`vidpoll.providers.render_time` has the parsing both share);
 `Provider.key_setting` (`"api_key_env"` unless the account's credential is something else:
 Vertex AI's `"credentials_file"`, a service-account key file whose path is then the
 account's `api_key`, read by the client).

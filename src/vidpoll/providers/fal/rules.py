@@ -40,6 +40,7 @@ from vidpoll.errors import InvalidJobId
 from vidpoll.media import media_urls as _media_urls
 from vidpoll.models import HttpAnswer
 from vidpoll.policy import MAX_ERROR_TEXT, parsed_json_object, validate_job_id
+from vidpoll.providers import render_time as rt
 from vidpoll.providers.base import (
     CURRENCY,
     Cost,
@@ -225,6 +226,16 @@ class FalRules:
                 error_type.strip().lower() in SERVER_ERROR_TYPES):
             return Cost(Decimal(0), CURRENCY)
         return None
+
+    def duration_key(self, payload: dict[str, Any], model: str | None) -> str | None:
+        """The clip length of the model's input (the body): its `duration` as fal's video
+        endpoints write it (an integer, `"5"` or `"8s"`: fal.ai/models/{endpoint}/llms.txt,
+        e.g. fal-ai/kling-video/v2.1/master/text-to-video, fal-ai/kling-video/v4), else its
+        `num_frames` (a whole number: `121f`), and its `resolution` (`720p`); None when the
+        input names none of them. Each endpoint has its own schema: a value in another form
+        (an object, prose) gives no part."""
+        clip = rt.seconds(rt.dig(payload, "duration")) or rt.frames(rt.dig(payload, "num_frames"))
+        return rt.key(clip, rt.word(rt.dig(payload, "resolution")))
 
     def created_job_id(self, body: dict[str, Any] | None) -> str | None:
         """The `request_id` of a create answer (or a webhook's body)."""

@@ -43,6 +43,7 @@ from typing import Any
 from vidpoll.errors import InvalidJobId
 from vidpoll.models import HttpAnswer
 from vidpoll.policy import MAX_ERROR_TEXT, validate_job_id
+from vidpoll.providers import render_time as rt
 from vidpoll.providers.base import (
     Cost,
     NeutralOutcome,
@@ -269,6 +270,30 @@ class KlingRules:
             if quota is None or quota > 0:
                 return None
         return Cost(units, UNIT)
+
+    def duration_key(self, payload: dict[str, Any], model: str | None) -> str | None:
+        """The body's `duration` ("Video Length, unit: s", the text `"5"`, `"10"`: `5s`) and
+        `mode` (`std` or `pro`: "pro ... generates videos use longer duration but higher
+        quality", 1080p where std is 720p), from Kling's "Text to Video" / "Image to Video"
+        create pages; None when the body names neither (Kling's defaults, 5 s std, apply)."""
+        return rt.key(rt.seconds(rt.dig(payload, "duration")),
+                      rt.word(rt.dig(payload, "mode")))
+
+    def render_seconds(self, body: dict[str, Any]) -> float | None:
+        """From the task's `created_at` to its `updated_at` ("Task creation time" / "Task
+        update time", Unix ms: the query pages) in an answer whose `task_status` is final
+        (`succeed`, `failed`): a task is updated when its status changes, and the change
+        to a final status is its last, so there `updated_at` is when it ended. None for any
+        other answer, or when either time is missing, unreadable, or the span negative or
+        above 7 days."""
+        code, data = envelope_code(body), _data(body)
+        if (code is not None and code != 0) or data is None:
+            return None
+        word = data.get("task_status")
+        if not isinstance(word, str) or word.strip().lower() not in WORDS:
+            return None
+        return rt.elapsed(rt.ms_instant(data.get("created_at")),
+                          rt.ms_instant(data.get("updated_at")))
 
     def error_code(self, body: dict[str, Any] | None) -> tuple[str | None, str | None]:
         """(code, message) of Kling's envelope with a code other than 0; (None, None)

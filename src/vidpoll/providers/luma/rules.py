@@ -32,6 +32,7 @@ from typing import Any
 from vidpoll.errors import InvalidJobId
 from vidpoll.models import HttpAnswer
 from vidpoll.policy import MAX_ERROR_TEXT, validate_job_id
+from vidpoll.providers import render_time as rt
 from vidpoll.providers.base import (
     CURRENCY,
     Cost,
@@ -201,6 +202,14 @@ class LumaRules:
         if word is not None and word.strip().lower() == FAILED:
             return Cost(Decimal(0), CURRENCY)
         return None
+
+    def duration_key(self, payload: dict[str, Any], model: str | None) -> str | None:
+        """The body's `duration` (`"5s"`, `"9s"`: `5s`) and `resolution` (`540p`, `720p`,
+        `1080p`, `4k`), as lumaai's `types/generations/video_create_params.py` and the
+        echoed `request` of `types/generation.py` write them; None when the body names
+        neither (Luma's defaults apply)."""
+        return rt.key(rt.seconds(rt.dig(payload, "duration")),
+                      rt.word(rt.dig(payload, "resolution")))
 
     def created_job_id(self, body: dict[str, Any] | None) -> str | None:
         """The generation's `id` in a create answer (or a listed generation)."""

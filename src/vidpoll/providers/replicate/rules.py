@@ -31,6 +31,7 @@ from typing import Any
 from vidpoll.errors import InvalidJobId
 from vidpoll.models import HttpAnswer
 from vidpoll.policy import MAX_ERROR_TEXT, validate_job_id
+from vidpoll.providers import render_time as rt
 from vidpoll.providers.base import (
     CURRENCY,
     Cost,
@@ -200,6 +201,24 @@ class ReplicateRules:
                 or not math.isfinite(seconds) or seconds < 0):
             return None
         return Cost(Decimal(str(seconds)).copy_abs(), PREDICT_SECOND)
+
+    def duration_key(self, payload: dict[str, Any], model: str | None) -> str | None:
+        """The clip length of the input (the body is the prediction's `input`): its
+        `duration` (`5s`), else its `num_frames` (`121f`), each only when the input holds it
+        as a JSON number. A Replicate model takes whatever input its own schema says, so no
+        other field is read, and a value in any other form (text, an object) gives no key:
+        a field of that name may mean something else to that model."""
+        return rt.key(rt.seconds(rt.dig(payload, "duration"), text=False)
+                      or rt.frames(rt.dig(payload, "num_frames")))
+
+    def render_seconds(self, body: dict[str, Any]) -> float | None:
+        """From `created_at` to `completed_at` of an ended prediction (ISO 8601, UTC, with
+        fractions: replicate.com/docs/topics/predictions, the prediction object), the span
+        vidpoll's schedule counts too (from the create; `started_at`, when it began to run,
+        would leave out its wait in the queue); None without both, or when unreadable,
+        negative or above 7 days."""
+        return rt.elapsed(rt.iso_instant(rt.dig(body, "created_at")),
+                          rt.iso_instant(rt.dig(body, "completed_at")))
 
     def created_job_id(self, body: dict[str, Any] | None) -> str | None:
         """The prediction's `id` in a create answer (or a webhook's prediction)."""

@@ -41,6 +41,7 @@ from typing import Any
 from vidpoll.errors import InvalidJobId
 from vidpoll.models import HttpAnswer
 from vidpoll.policy import MAX_ERROR_TEXT, validate_job_id
+from vidpoll.providers import render_time as rt
 from vidpoll.providers.base import (
     Cost,
     NeutralOutcome,
@@ -194,6 +195,17 @@ class RunwayRules:
         if isinstance(credits, bool) or not isinstance(credits, int) or credits < 0:
             return None
         return Cost(Decimal(credits), CREDIT)
+
+    def duration_key(self, payload: dict[str, Any], model: str | None) -> str | None:
+        """The body's `duration` (whole seconds: `5s`) and its output size: `resolution`
+        (`720p`, `4k`), else a `ratio` written as a size (`1280:720`, "The resolution of the
+        output video"; an aspect ratio like `16:9` is left out); under `input` for
+        `generate/video` (runwayml's `types/*_create_params.py`, `types/generate/
+        video_create_params.py`); None when the body names none of them."""
+        nested = rt.dig(payload, "input")
+        holder = nested if isinstance(nested, dict) else payload
+        return rt.key(rt.seconds(rt.dig(holder, "duration")),
+                      rt.word(rt.dig(holder, "resolution")) or rt.size(rt.dig(holder, "ratio")))
 
     def created_job_id(self, body: dict[str, Any] | None) -> str | None:
         """The task `id` of a create answer."""

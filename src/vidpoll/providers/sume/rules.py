@@ -28,6 +28,7 @@ from vidpoll.errors import InvalidJobId
 from vidpoll.media import media_urls
 from vidpoll.models import PENDING, HttpAnswer
 from vidpoll.policy import MAX_ERROR_TEXT, validate_job_id
+from vidpoll.providers import render_time as rt
 from vidpoll.providers.base import (
     Cost,
     NeutralOutcome,
@@ -265,6 +266,14 @@ class SumeRules:
         ledger says whether a failure was refunded."""
         usage = usage_of(body)
         return None if usage is None else usage_cost(usage)
+
+    def duration_key(self, payload: dict[str, Any], model: str | None) -> str | None:
+        """The body's `duration` (`5s`; a number or its text, `"5"`, `"5s"`) and
+        `resolution` (`1080p`), as the request bodies vidpoll's docs send them (`--param
+        duration=8`); None when the body names neither. Sume's create body is passed through
+        as written, and Sume documents no field of it: a body without these gives no key."""
+        return rt.key(rt.seconds(rt.dig(payload, "duration")),
+                      rt.word(rt.dig(payload, "resolution")))
 
     def media_urls(self, result: Any) -> list[str]:
         """Sume's result lists its videos under `url` keys (`videos[].url`)."""

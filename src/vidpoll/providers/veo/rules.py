@@ -32,6 +32,7 @@ from typing import Any
 from vidpoll.errors import InvalidJobId
 from vidpoll.models import HttpAnswer
 from vidpoll.policy import MAX_ERROR_TEXT, validate_job_id
+from vidpoll.providers import render_time as rt
 from vidpoll.providers.base import (
     NeutralOutcome,
     Pending,
@@ -202,6 +203,16 @@ class VeoRules:
             return validate_job_id(value)
         except InvalidJobId:
             return None
+
+    def duration_key(self, payload: dict[str, Any], model: str | None) -> str | None:
+        """`parameters.durationSeconds` (`8s`) and `parameters.resolution` (`720p`,
+        `1080p`, `4k`) of the request, where google-genai's `generate_videos` puts its
+        `duration_seconds` and `resolution` (ai.google.dev/gemini-api/docs/video), on the
+        Gemini API and Vertex AI alike; None when the body names neither (the model's
+        defaults apply)."""
+        parameters = rt.dig(payload, "parameters")
+        return rt.key(rt.seconds(rt.dig(parameters, "durationSeconds")),
+                      rt.word(rt.dig(parameters, "resolution")))
 
     def result_not_ready(self, answer: HttpAnswer, code: str | None) -> bool:
         return False  # inline results: there is no result call to be early for
