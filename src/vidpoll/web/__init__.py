@@ -22,6 +22,7 @@ from vidpoll.providers.registry import DEFAULT_PROVIDER
 from vidpoll.spend import AccountSpend
 from vidpoll.store import PgStore
 from vidpoll.web.dashboard import FailureLimiter, Guard, client_of, setup_dashboard
+from vidpoll.web.durations import export_durations
 from vidpoll.web.figures import TableFigures, read_figures
 from vidpoll.web.webhooks import PRUNE_EVERY_S, WebhookSecrets, secrets_of, setup_webhooks
 from vidpoll.webhook import DEFAULT_TOLERANCE_S, MAX_BODY_BYTES, REJECT_LOG_EVERY_S
@@ -165,6 +166,9 @@ def add_health_and_metrics(app: web.Application, store: PgStore,
                     with contextlib.suppress(DatabaseUnavailable):  # the ledger (0017)
                         metrics.export_spend(await store.spend_totals(),
                                              await store.held_by_cap())
+                    with contextlib.suppress(DatabaseUnavailable):  # render times (0018)
+                        export_durations(await store.render_stats(),
+                                         await store.count_overdue())
             body += generate_latest(metrics.TABLE_REGISTRY)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

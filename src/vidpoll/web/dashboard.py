@@ -5,8 +5,10 @@ table: vidpoll.web.figures; backlog, lateness and reads over the last hour as SV
 recent errors, stuck claims, deliveries), the jobs table (filters, keyset paging that stays fast
 at a million rows), a job's detail (row, intent, result without signed query strings,
 deliveries, history, cost and tags) with its actions (resume, poll now, retry the intent),
-the intents by state (a held one with why), and this month's spend per account (a bar per
-day, spent and reserved apart, against the day cap; the month against its cap: `spend`).
+the intents by state (a held one with why), this month's spend per account (a bar per
+day, spent and reserved apart, against the day cap; the month against its cap: `spend`), and
+the render times per account, provider, model and duration key with the overdue jobs
+(`durations`: vidpoll.web.durations draws them).
 
 Security (Guard): every state-changing action is a POST carrying a CSRF token (an HMAC of the
 session, checked in constant time) and, when the browser says where it comes from, the same
@@ -60,8 +62,10 @@ from vidpoll.models import (
     UNKNOWN,
 )
 from vidpoll.providers import registry
+from vidpoll.schedule import LEARN_AFTER_JOBS
 from vidpoll.spend import NO_SPEND, AccountSpend, month_start
 from vidpoll.store import InvalidCursor, PgStore
+from vidpoll.web.durations import duration_views, seconds_text
 from vidpoll.web.figures import COUNT_CAP_ROWS, EXACT_ROWS, STUCK_WALK_ROWS, read_figures
 
 SESSION_COOKIE = "vidpoll_session"
@@ -73,6 +77,8 @@ DONE_WORDS = frozenset({"poll_now", "resume", "poll_now_refused", "resume_refuse
                         "retry_refused"})
 CHART_MINUTES = 60
 INTENT_STATES = (REJECTED, UNKNOWN, HELD, RECONCILING, QUEUED, SUBMITTED)
+OVERDUE_LISTED = 200
+"""The durations page lists at most this many overdue jobs (the longest overdue first)."""
 
 KDF_N, KDF_R, KDF_P = 2**15, 8, 1
 """scrypt's cost for the signing key: 32 MiB and about 80 ms of one core (measured on the 2-core
@@ -483,6 +489,7 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
     env.filters["n"] = lambda v: f"{v:,}"  # 9,405,000: readable at 10M rows
     env.globals["money"] = _money
     env.filters["figure"] = _figure
+    env.filters["secs"] = seconds_text
     env.globals["STATES"] = states = registry.job_states()
 
     def render(request: web.Request, name: str, status: int = 200,
@@ -542,7 +549,8 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
                       errors=without_signatures(await store.recent_errors(15)),
                       stuck=await store.stuck_claims_upto(STUCK_WALK_ROWS),
                       stuck_walk=STUCK_WALK_ROWS,
-                      deliveries=await store.delivery_backlog())
+                      deliveries=await store.delivery_backlog(),
+                      overdue=sum((await store.count_overdue()).values()))
 
     async def jobs(request: web.Request) -> web.Response:
         state = request.query.get("state") or None
@@ -587,6 +595,8 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
                       # a pending row has poll-now (resume would only poke it the same way)
                       can_resume=not archived and row["state"] in LOCAL_TERMINAL_STATES,
                       can_poll=not archived and row["state"] == PENDING,
+                      overdue_now=(row.get("overdue_at") is not None
+                                   and row["overdue_at"] <= datetime.now(UTC)),
                       done=_done(request))
 
     async def action(request: web.Request) -> web.StreamResponse:
@@ -623,6 +633,14 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
         views = spend_views(spends, windows, by_day, by_tag, held, now)
         return render(request, "spend.html", accounts=views,
                       held_total=sum(v.held_n for v in views))
+
+    async def durations(request: web.Request) -> web.Response:
+        overdue = await store.count_overdue()
+        return render(request, "durations.html",
+                      sections=duration_views(await store.render_stats()),
+                      learn_after=LEARN_AFTER_JOBS, overdue_total=sum(overdue.values()),
+                      overdue=await store.list_overdue(limit=OVERDUE_LISTED),
+                      now=datetime.now(UTC))  # how long overdue: by the wall clock
 
     async def retry_intent(request: web.Request) -> web.StreamResponse:
         form = await form_of(request)
@@ -667,6 +685,7 @@ def setup_dashboard(app: web.Application, store: PgStore, guard: Guard,
     app.router.add_get("/intents", intents)
     app.router.add_post("/intents/retry", retry_intent)
     app.router.add_get("/spend", spend)
+    app.router.add_get("/durations", durations)
     app.router.add_route("*", "/login", login)
     app.router.add_post("/logout", logout)
     app.router.add_static("/static", _static_dir())
