@@ -58,7 +58,11 @@ def shutdown_reserve_s(timeout_s: float) -> float:
 
 IDLE_MAX_S = 30.0
 """An idle loop checks the table at least this often even if no NOTIFY arrives."""
-DB_BACKOFF_MAX_S = 30.0
+DB_BACKOFF_MAX_S = 2.0
+"""The longest wait between two tries of a loop that lost the database. A try during an
+outage waits in the pool's queue (up to its timeout) for a connection the pool's own
+reconnect (every 2 s at most: store/pool.py) provides, so a short wait costs no connection
+attempt; at 30 s a loop could sleep that long after the database was back (issue 31)."""
 MINUTES_FLUSH_S = 10.0
 """How often a loop adds its per-minute counters to vidpoll_minutes (one statement; none
 when nothing was counted)."""

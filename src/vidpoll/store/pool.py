@@ -1,9 +1,10 @@
 """The connection pool's plumbing: opening a pool (one plain connection first), checking a
-pooled connection before it is handed out, and PostgreSQL out of reach as DatabaseUnavailable,
-for every module of the store."""
+pooled connection before it is handed out, replacing a lost one within seconds of the server's
+return, and PostgreSQL out of reach as DatabaseUnavailable, for every module of the store."""
 
 from __future__ import annotations
 
+import random
 import select
 import time
 import weakref
@@ -13,6 +14,7 @@ from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool.base import AttemptWithBackoff
 
 from vidpoll.errors import DatabaseUnavailable
 from vidpoll.schema import _first_line, connect_refusal, redact_url
@@ -40,6 +42,47 @@ POOL_MAX_IDLE_S = 60.0
 its listener and one pooled connection, not the pool a burst opened (psycopg_pool: 600 s)."""
 _returned_at: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
     weakref.WeakKeyDictionary())
+
+
+RECONNECT_MAX_S = 2.0
+"""The longest wait between two tries to replace a lost pooled connection. psycopg_pool doubles
+it without a cap (1, 2, 4, 8, 16, 32 s ... until reconnect_timeout): after a 45 s outage the
+next try came 13-18 s after the database was back, and every caller waited (issue 31)."""
+RECONNECT_TIMEOUT_S = 3600.0
+"""How long the pool keeps trying to replace a lost connection; after that it gives the slot
+up and opens a new one only when a caller asks (psycopg_pool stops retrying on its own)."""
+
+
+class _CappedBackoff(AttemptWithBackoff):
+    """psycopg_pool's reconnect backoff (1 s, doubling, +-10 % jitter), at most
+    RECONNECT_MAX_S: a try costs a refused connect, so trying every 2 s during an outage is
+    cheap, and it puts the pool back within 2 s of the server's return, whatever the outage's
+    length. Jittered, so a fleet's pools that lost the server together do not come back in
+    step."""
+
+    def update_delay(self, now: float) -> None:
+        super().update_delay(now)
+        # the cap keeps update_delay's own clip to the give-up time (min of the two)
+        self.delay = min(self.delay, RECONNECT_MAX_S * random.uniform(0.9, 1.0))
+
+
+class _Pool(AsyncConnectionPool[psycopg.AsyncConnection[Any]]):
+    """psycopg_pool's pool with the wait between reconnect tries capped (_CappedBackoff).
+
+    Every try to (re)open a connection goes through _add_connection: psycopg_pool starts
+    each series of tries with attempt=None and passes the same attempt to each retry it
+    schedules, so a series begun here is capped to its end. The choice of hook, against
+    the two public ones: `reconnect_failed` runs only once reconnect_timeout has given up
+    (then the pool no longer retries on its own), and a periodic `check()` looks at idle
+    connections only, not at a retry already scheduled 16 or 32 s ahead. A psycopg_pool
+    that renames the method or the class fails tests/integration/test_db_failover.py.
+    """
+
+    async def _add_connection(self, attempt: AttemptWithBackoff | None,
+                              growing: bool = False) -> None:
+        if attempt is None:
+            attempt = _CappedBackoff(timeout=self.reconnect_timeout)
+        await super()._add_connection(attempt, growing=growing)
 
 
 def _connect_kwargs(prepare: bool) -> dict[str, Any]:
@@ -99,10 +142,10 @@ async def open_pool(url: str, *, max_size: int, timeout_s: float,
     # instead of after the pool's retries.
     await _probe(url, timeout_s)
     check = _IdleCheck()
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+    pool: AsyncConnectionPool[Any] = _Pool(
         url, min_size=1, max_size=max_size, open=False, timeout=timeout_s,
         kwargs=_connect_kwargs(prepare), check=check, reset=_stamp_returned,
-        reconnect_timeout=3600.0, max_idle=POOL_MAX_IDLE_S, name="vidpoll")
+        reconnect_timeout=RECONNECT_TIMEOUT_S, max_idle=POOL_MAX_IDLE_S, name="vidpoll")
     check.pool = pool
     try:
         await pool.open(wait=True, timeout=timeout_s)
