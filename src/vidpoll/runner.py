@@ -19,6 +19,7 @@ from vidpoll import metrics
 from vidpoll.aio import honour_cancel, wait_event
 from vidpoll.config import key_variable
 from vidpoll.errors import ConfigError, DatabaseUnavailable
+from vidpoll.health import Health
 from vidpoll.metrics import Minutes
 from vidpoll.models import Notice
 from vidpoll.policy import (
@@ -26,7 +27,6 @@ from vidpoll.policy import (
     Budget,
     Grant,
     PollPolicy,
-    auth_pause_delay,
     backoff_delay,
 )
 
@@ -182,9 +182,8 @@ class Runner:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight = 0
-        # a refused key pauses its own account only: 401/403s in a row, and paused until when
-        self._auth_failures: dict[str, int] = {}
-        self._paused_until: dict[str, float] = {}
+        self.health = Health(policy, self._rng)
+        """Each account's pauses (vidpoll.health): a refused key pauses its own account only."""
         self.minutes = Minutes()
         """Counters per minute, flushed to vidpoll_minutes by _minutes_flusher."""
         self._sampled_minute: datetime | None = None
@@ -246,33 +245,16 @@ class Runner:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    # -- accounts paused by a refused key (or, for submitters, by an empty account) ---------
+    # -- accounts paused by a refused key (the runners' other pauses: vidpoll.health) -------
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
-
-    def _unpaused(self, accounts: Sequence[str]) -> list[str]:
-        """The accounts that may be claimed for now."""
-        now = self._now()
-        return [a for a in accounts if self._paused_until.get(a, 0.0) <= now]
-
-    def _all_paused_for(self, accounts: Sequence[str]) -> float:
-        """Seconds until the first of `accounts` may be claimed again; <= 0 if one may now."""
-        return min(self._paused_until.get(a, 0.0) for a in accounts) - self._now()
-
-    def _probe_in(self, default: float) -> float:
-        """Seconds until a paused account's probe is due (`default` if none is paused)."""
-        now = self._now()
-        return min((t - now for t in self._paused_until.values() if t > now), default=default)
 
     def _key_refused(self, account: str, pause: AuthPause, doing: str) -> bool:
         """Pause `account` after a 401/403, longer each time; False if already paused (the
         other answers of the same pause: counted and logged once)."""
-        now = self._now()
-        if self._paused_until.get(account, 0.0) > now:
+        delay = self.health.key_refused(account, self._now())
+        if delay is None:
             return False
-        failures = self._auth_failures[account] = self._auth_failures.get(account, 0) + 1
-        delay = auth_pause_delay(failures, self._policy, self._rng)
-        self._paused_until[account] = now + delay
         # the pause's detail already starts "HTTP 401..." (policy): never "HTTP 401: HTTP 401"
         detail = (pause.detail if pause.detail.startswith(f"HTTP {pause.http_status}")
                   else f"HTTP {pause.http_status}: {pause.detail}")
@@ -284,10 +266,9 @@ class Runner:
 
     def _key_accepted(self, account: str, doing: str) -> None:
         """An answer other than 401/403 for `account`: its pauses end."""
-        if self._auth_failures.get(account):
+        if self.health.key_accepted(account):
             log.warning("The provider accepts the API key of account %r again; %s resumes", account,
                         doing)
-            self._auth_failures[account] = 0
             self._wake.set()
 
     def _notifications(self) -> AsyncIterator[Notice]:

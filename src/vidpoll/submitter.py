@@ -29,6 +29,10 @@ from vidpoll import metrics
 from vidpoll.aio import cancel_and_wait, honour_cancel
 from vidpoll.config import DEFAULT_FIRST_POLL_S, DEFAULT_MAX_ACTIVE
 from vidpoll.errors import DatabaseUnavailable
+from vidpoll.health import CREATE_429_PAUSE_MAX_S as CREATE_429_PAUSE_MAX_S
+from vidpoll.health import CREATE_PAUSE_MAX_S as CREATE_PAUSE_MAX_S
+from vidpoll.health import Health, Misroute, bucket_pause
+from vidpoll.learned import Schedules
 from vidpoll.logs import event
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
@@ -52,13 +56,12 @@ from vidpoll.policy import (
     Budget,
     MisroutedCreate,
     PollPolicy,
-    auth_pause_delay,
     backoff_delay,
     decide_submit,
     parse_retry_after,
     probe_verdict,
-    server_pause_s,
 )
+from vidpoll.providers import registry
 from vidpoll.providers.base import CreatedPage, CreateLookup, Rules
 from vidpoll.reconcile import Lookups, Wanted
 from vidpoll.runner import (
@@ -88,13 +91,6 @@ WAKE_CHANNELS = ("vidpoll_intents", "vidpoll_job_done")
 LOOKBACK_S = 3600.0
 """How far back a look-up searches for an intent parked before its window was recorded (by a
 release before 0015): the providers' records keep inputs about an hour."""
-CREATE_PAUSE_MAX_S = 86400.0
-"""The longest a 429 on a create holds the account's creates when it names its reset: a
-daily cap (Runway's) resets hours away, and every create sent before then is refused."""
-CREATE_429_PAUSE_MAX_S = 3600.0
-"""A create 429 that names no wait holds the account's creates for the backoff base (2 s),
-each one in a row after it twice as long, up to this (a cap that does not say when it resets,
-Runway's daily one, is tried about once an hour after a dozen refusals, never in a storm)."""
 RECONCILE_RETRY_MAX_S = 5.0
 """The longest a failed look-up waits before the next (unless the provider names a longer
 wait): the walk already retried each page in place, and the provider's records of inputs
@@ -160,24 +156,6 @@ class VideoCreator(Protocol):
     async def create_video(self, payload: dict[str, Any], idempotency_key: str,
                            model: str | None = None) -> HttpAnswer:
         """POST a new render; failures come back as answers, never raised."""
-
-
-@dataclass
-class _CreateMisroute:
-    """One account's creates answered by something other than the provider (a 4xx without its error
-    envelope: a wrong base URL, a proxy), from the first such answer until the provider answers a
-    POST of the account again."""
-
-    url: str
-    """The create URL tried (scheme, host and path only), as logged."""
-    since: float
-    failures: int = 1
-    """Pauses in a row: the next one grows with them."""
-    probing: bool = False
-    cleared: bool = False
-    """A probe (a status read) reached the provider: one intent at a time may be sent until a POST
-    is answered by the provider too (the create path alone may be the wrong one)."""
-    warned_create: bool = False
 
 
 @dataclass(frozen=True)
@@ -256,22 +234,23 @@ class Submitter(Runner):
 
     def __init__(self, store: IntentStore, creator: VideoCreator | Mapping[str, VideoCreator],
                  config: SubmitterConfig, rng: random.Random | None = None,
-                 clock: Callable[[], datetime] = utc_now) -> None:
+                 clock: Callable[[], datetime] = utc_now,
+                 schedules: Schedules | None = None) -> None:
         super().__init__(config.policy, rng, clock)
         self.store = store
+        self.schedules = schedules
+        """The poller's learned schedules, when one runs in this process: a new job's first
+        read comes when its model's plan says (never later than `first_poll_s` unless no
+        render of its model ended that soon); None: `first_poll_s`."""
         self.creators: Mapping[str, VideoCreator] = (
             creator if isinstance(creator, Mapping) else {DEFAULT_ACCOUNT: creator})
         self._budget_wait: float | None = None
         self._turn = 0
         self.config = config
         self.stats = SubmitStats()
-        # an empty account (402) pauses that account only, like a refused key
-        self._credit_failures: dict[str, int] = {}
-        # accounts whose creates something other than the provider answers: paused until a status
-        # read (never a POST) reaches the provider again
-        self._misroutes: dict[str, _CreateMisroute] = {}
-        # creates answered 429 in a row, by account (a cap that names no reset: longer holds)
-        self._create_429s: dict[str, int] = {}
+        self.health = Health(config.policy, self._rng, confirm_by_create=True)
+        """Each account's pauses: a refused key, an empty account (402), creates answered by
+        something other than the provider (probed with a status read, never a POST), 429s."""
         self.lookups = Lookups(self._rng, on_calls=self._count_list_calls)
         self._looking = 0
         """Look-ups in flight (counted in `_inflight` too, but taking no POST slot)."""
@@ -324,7 +303,7 @@ class Submitter(Runner):
             honour_cancel()
             self._wake.clear()
             notified = self._take_notified()
-            paused_for = self._all_paused_for(cfg.accounts)
+            paused_for = self.health.all_paused_for(cfg.accounts, self._now())
             if paused_for > 0 and not self._credit_paused_accounts():
                 # every account is paused (key refused, or out of credits: then its unknown
                 # intents still go out, so only a refused key everywhere sleeps here)
@@ -387,7 +366,7 @@ class Submitter(Runner):
         self._budget_wait = None
         self._turn += 1
         credit_paused = self._credit_paused_accounts()
-        unpaused = self._unpaused(cfg.accounts)
+        unpaused = self.health.unpaused(cfg.accounts, self._now())
         accounts = [a for a in cfg.accounts if a in unpaused or a in credit_paused]
         claimed: list[ClaimedIntent] = []
         for i in range(len(accounts)):
@@ -395,14 +374,11 @@ class Submitter(Runner):
             want = limit - len(claimed)
             if want <= 0:
                 break
-            misroute = self._misroutes.get(account)
-            if misroute is not None and not misroute.cleared:
-                self._probe(account, misroute)  # nothing is POSTed until the provider answers
+            if self.health.blocked(account):
+                self._probe(account)  # nothing is POSTed until the provider answers
                 continue
             unknown_only = account in credit_paused
-            if not unknown_only and (self._auth_failures.get(account)
-                                     or self._credit_failures.get(account)
-                                     or misroute is not None):
+            if not unknown_only and self.health.on_trial(account):
                 want = 1  # one probe per pause
             try:
                 claimed += await self._claim_account(account, want, unknown_only)
@@ -488,10 +464,12 @@ class Submitter(Runner):
             log.info("drain: no queued intent left")
             self._stopping.set()
             return None
-        probe_in = self._probe_in(cfg.idle_max_s)  # a paused account's probe is due then
+        now = self._now()
+        probe_in = self.health.probe_in(now, cfg.idle_max_s)  # a paused account's probe
         credit_paused = self._credit_paused_accounts()
         due_in = await self.store.next_intent_due_in(
-            [a for a in self._unpaused(cfg.accounts) if a not in credit_paused], credit_paused)
+            [a for a in self.health.unpaused(cfg.accounts, now) if a not in credit_paused],
+            credit_paused)
         if due_in is None:
             return min(cfg.idle_max_s, probe_in)
         if due_in <= 0:
@@ -554,7 +532,7 @@ class Submitter(Runner):
                 started = claimed_at if claimed_at is not None else loop.time()
                 outcome = await self._reconcile(intent, creator,
                                                 started + cfg.lease_s - cfg.http_timeout_s)
-                await self._record(outcome, intent.account)
+                await self._record(outcome, intent)
                 return outcome
             self.stats.resent += 1
             metrics.RECONCILIATIONS.labels(intent.account, "resent").inc()
@@ -571,52 +549,37 @@ class Submitter(Runner):
             log.exception("intent %s: create call raised", intent.key)
             answer = HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
                                 detail=type(exc).__name__)
-        pause = self._create_pause_s(intent.account, answer)
-        if pause is not None and (answer.status == 429 or intent.account not in cfg.budgets):
+        pause = bucket_pause(self._create_pause_s(intent.account, answer), answer.status,
+                             intent.account in cfg.budgets)
+        if pause is not None:
             # as for reads: "Remaining: 0" pauses only an account the fleet does not pace
             # the fleet stops creating for this account until the server's reset
             with contextlib.suppress(DatabaseUnavailable):
-                await self.store.pause_bucket(intent.account, "create", pause,
-                                              answer.status == 429)
+                await self.store.pause_bucket(intent.account, "create", *pause)
         rules = self.creators[intent.account].rules
         decision = decide_submit(intent, answer, self._clock(), cfg.policy, self._rng, rules)
         if isinstance(decision, MisroutedCreate):
             # the request never reached the provider's create: given back untouched, its attempt not
             # counted and no unknown outcome recorded (policy.MisroutedCreate says why)
             self._create_misrouted(intent.account, decision)
-            await self._release(intent, max(0.0, self._all_paused_for([intent.account])))
+            await self._release(intent, max(0.0, self.health.all_paused_for(
+                [intent.account], self._now())))
             return decision
         if answer.status is not None and probe_verdict(answer, rules) in (PROVIDER, KEY_REFUSED):
             self._create_answered(intent.account, "a POST")
         if isinstance(decision, AuthPause):
             self._key_refused(intent.account, decision, "submitting (intents stay queued)")
-            await self._release(intent, max(0.0, self._all_paused_for([intent.account])))
+            await self._release(intent, max(0.0, self.health.all_paused_for(
+                [intent.account], self._now())))
             return decision
         self._key_accepted(intent.account, "submitting")
-        await self._record(decision, intent.account)
+        await self._record(decision, intent)
         return decision
 
     def _create_pause_s(self, account: str, answer: HttpAnswer) -> float | None:
-        """How long the fleet holds `account`'s creates after this answer (None: not at all).
-
-        A 429 on a create is a cap (Runway's daily one, or a rate): held until the reset it
-        names, up to CREATE_PAUSE_MAX_S; one that names none holds the backoff base (2 s),
-        then twice as long for each 429 in a row, up to an hour; never a retry storm."""
-        now = self._clock()
-        if answer.status != 429:
-            if answer.status is not None and 200 <= answer.status < 300:
-                self._create_429s.pop(account, None)
-            return server_pause_s(answer, now, self.config.policy)
-        hinted = parse_retry_after(answer.retry_after, now)
-        if hinted is None:
-            hinted = server_pause_s(answer, now, replace(self.config.policy,
-                                                         max_poll_s=CREATE_PAUSE_MAX_S),
-                                    named_only=True)
-        in_row = self._create_429s[account] = self._create_429s.get(account, 0) + 1
-        if hinted is not None:
-            return min(CREATE_PAUSE_MAX_S, float(hinted))
-        return min(CREATE_429_PAUSE_MAX_S,
-                   self.config.policy.backoff_base_s * 2.0 ** min(in_row - 1, 16))
+        """How long the fleet holds `account`'s creates after this answer (None: not at all;
+        Health.create_hold_s)."""
+        return self.health.create_hold_s(account, answer, self._clock())
 
     async def _reconcile(self, intent: ClaimedIntent, creator: VideoCreator,
                          deadline: float = float("inf")) -> SubmitOutcome:
@@ -764,16 +727,29 @@ class Submitter(Runner):
         self.stats.list_calls += calls
         metrics.LIST_CALLS.labels(account).inc(calls)
 
-    async def _record(self, outcome: SubmitOutcome, account: str) -> None:
+    def _first_read_s(self, intent: ClaimedIntent) -> float:
+        """Seconds from the create to the new job's first read."""
+        if self.schedules is None:
+            return self.config.first_poll_s
+        rules = self.creators[intent.account].rules
+        planned = self.schedules.first_read_s(
+            intent.account, intent.model,
+            registry.rules_duration_key(rules, intent.payload, intent.model),
+            float(getattr(rules, "min_poll_s", 0.0) or 0.0))
+        return self.config.first_poll_s if planned is None else planned
+
+    async def _record(self, outcome: SubmitOutcome, intent: ClaimedIntent) -> None:
         """Write the outcome, retrying through a database outage.
 
         A 202 lives only in memory until this commits; if the process dies first, the intent
         comes due again when its lease ends and the same key brings back the same job.
         """
+        account = intent.account
+        first_read_s = self._first_read_s(intent)
         failures = 0
         while True:
             try:
-                landed = await self.store.record_submit(outcome, self.config.first_poll_s)
+                landed = await self.store.record_submit(outcome, first_read_s)
                 break
             except DatabaseUnavailable as exc:
                 failures += 1
@@ -814,12 +790,9 @@ class Submitter(Runner):
         metrics.observe_submission(self.minutes, self._clock(), account, outcome.state)
         if outcome.state == SUBMITTED:
             self.stats.submitted += 1
-            if self._credit_failures.get(account):
+            if self.health.credits_back(account):
                 # The provider accepted a create: the account has credits again, its pause ends
-                self._credit_failures[account] = 0
-                if not self._auth_failures.get(account):
-                    self._paused_until.pop(account, None)
-                    self._wake.set()
+                self._wake.set()
             log.info("intent %s submitted: job %s", outcome.key, outcome.job_id, extra=fields)
         elif outcome.state == REJECTED:
             self.stats.rejected += 1
@@ -871,21 +844,18 @@ class Submitter(Runner):
     def _create_misrouted(self, account: str, pause: MisroutedCreate) -> None:
         """Pause the account's submissions after a create answered by something other than
         The provider: one ERROR per episode naming the URL (never the key or a query string)."""
-        now = self._now()
-        episode = self._misroutes.get(account)
-        if episode is not None and not episode.cleared:
+        delay = self.health.misrouted(account, self._now(), lambda: self._create_url(account))
+        episode = self.health.episode(account)
+        if delay is None or episode is None:
             return  # the same pause (POSTs that were in flight together): counted once
-        if episode is None:
-            url = self._create_url(account)
-            episode = self._misroutes[account] = _CreateMisroute(url, now)
+        if episode.failures == 1:
             self.stats.url_pauses += 1
             metrics.MISROUTE_PAUSES.labels(account, "submit").inc()
-            delay = auth_pause_delay(1, self.config.policy, self._rng)
             if self._one_shot:  # `vidpoll submit`, Vidpoll.send(): the caller says it once
                 log.info("account %r: POST %s got %s, not the provider's error envelope: "
                          "the base URL "
-                         "looks wrong; the intent stays queued", account, url, pause.detail)
-                self._paused_until[account] = now + delay
+                         "looks wrong; the intent stays queued", account, episode.url,
+                         pause.detail)
                 return
             log.error("account %r: POST %s got %s, not the provider's error envelope: "
                          "the base URL "
@@ -893,35 +863,29 @@ class Submitter(Runner):
                       "Submitting for this "
                       "account is paused (its intents stay queued, sent later under their "
                       "same keys), probed with a status read with backoff (first in %.1fs); "
-                      "`vidpoll doctor` checks the URL", account, url, pause.detail, delay,
-                      extra=event(account=account, outcome="misrouted",
-                                  http_status=pause.http_status))
-        else:
+                      "`vidpoll doctor` checks the URL", account, episode.url, pause.detail,
+                      delay, extra=event(account=account, outcome="misrouted",
+                                         http_status=pause.http_status))
+        elif not episode.warned_create:
             # a status read reached the provider, the POST still did not: the create path is wrong
-            episode.cleared = False
-            episode.failures += 1
-            delay = auth_pause_delay(episode.failures, self.config.policy, self._rng)
-            if not episode.warned_create:
-                episode.warned_create = True
-                log.warning("account %r: the provider answers status reads, but POST %s still "
-                            "got %s: "
-                            "the create path looks wrong; submitting stays paused (next "
-                            "try in %.1fs)", account, episode.url, pause.detail, delay)
-        self._paused_until[account] = max(self._paused_until.get(account, 0.0), now + delay)
+            episode.warned_create = True
+            log.warning("account %r: the provider answers status reads, but POST %s still "
+                        "got %s: "
+                        "the create path looks wrong; submitting stays paused (next "
+                        "try in %.1fs)", account, episode.url, pause.detail, delay)
 
-    def _probe(self, account: str, episode: _CreateMisroute) -> None:
+    def _probe(self, account: str) -> None:
         """One status read (never a POST: a probe must not risk a billed create) for a
         misrouted account whose pause ran out; the account stays paused until its answer."""
         reader = getattr(self.creators.get(account), "read_status", None)
         if not callable(reader):  # a creator without reads: one intent is the probe
-            episode.cleared = True
+            self.health.probe_instead(account)
             return
-        self._paused_until[account] = self._now() + IDLE_MAX_S
-        if not episode.probing:
-            episode.probing = True
+        episode = self.health.probe_starts(account, self._now())
+        if episode is not None:
             self._spawn(self._probe_url(account, episode, reader))
 
-    async def _probe_url(self, account: str, episode: _CreateMisroute,
+    async def _probe_url(self, account: str, episode: Misroute,
                          reader: Callable[[str], Any]) -> None:
         try:
             answer = await reader(f"{PROBE_PREFIX}{uuid.uuid4().hex}")
@@ -931,31 +895,26 @@ class Submitter(Runner):
             answer = HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
                                 detail=type(exc).__name__)
         finally:
-            episode.probing = False
+            self.health.probe_over(episode)
         self.stats.url_probes += 1
         verdict = probe_verdict(answer, self.creators[account].rules)
-        if self._misroutes.get(account) is not episode:
+        after = self.health.probe_answered(account, episode, verdict, self._now())
+        if after is None:
             pass  # a POST reached the provider meanwhile
-        elif verdict in (PROVIDER, KEY_REFUSED):  # a refused key is the POSTs' to report
-            episode.cleared = True
-            if not (self._auth_failures.get(account) or self._credit_failures.get(account)):
-                self._paused_until.pop(account, None)
+        elif after.resumed:  # (a refused key is the POSTs' to report)
             log.info("account %r: the provider answers at the base URL again (a status read); "
                      "submitting resumed after %.1fs, one intent first", account,
                      self._now() - episode.since)
         else:
-            episode.failures += 1
-            delay = auth_pause_delay(episode.failures, self.config.policy, self._rng)
-            self._paused_until[account] = self._now() + delay
             log.debug("account %r: probe answered %s (%s); submitting still paused, next "
                       "probe in %.1fs", account, answer.status or answer.transport_error,
-                      verdict, delay)
+                      verdict, after.delay_s)
         self._wake.set()
         await self.signals.pulse()
 
     def _create_answered(self, account: str, how: str) -> None:
         """The provider answered a POST of the account: a pause for misrouted creates ends."""
-        episode = self._misroutes.pop(account, None)
+        episode = self.health.url_works(account, unpause=False)
         if episode is None:
             return
         if not episode.cleared:  # never said at a probe (a creator without reads)
@@ -967,10 +926,7 @@ class Submitter(Runner):
     def _credit_paused(self, account: str) -> bool:
         """Paused because the provider reported no credits (not a refused key): the account's
         `unknown` intents still go out on their slow schedule, nothing else of it does."""
-        return (self._credit_failures.get(account, 0) > 0
-                and not self._auth_failures.get(account)
-                and account not in self._misroutes
-                and self._paused_until.get(account, 0.0) > self._now())
+        return self.health.credit_paused(account, self._now())
 
     def _credit_paused_accounts(self) -> list[str]:
         return [a for a in self.config.accounts if self._credit_paused(a)]
@@ -978,11 +934,7 @@ class Submitter(Runner):
     def _pause_for_credits(self, account: str) -> None:
         # the next intents would most likely be refused too; each refusal is final, so pause
         # instead of turning a whole queue into rejections
-        loop = asyncio.get_running_loop()
-        failures = self._credit_failures[account] = self._credit_failures.get(account, 0) + 1
-        delay = auth_pause_delay(failures, self.config.policy, self._rng)
-        self._paused_until[account] = max(self._paused_until.get(account, 0.0),
-                                          loop.time() + delay)
+        delay = self.health.out_of_credits(account, self._now())
         log.error("The provider reports insufficient credits for account %r; its submitting paused "
                   "for %.0fs", account, delay)
 

@@ -23,7 +23,10 @@ from typing import Protocol
 
 from vidpoll import metrics
 from vidpoll.aio import cancel_and_wait, honour_cancel, wait_event
+from vidpoll.config import AccountTiming
 from vidpoll.errors import DatabaseUnavailable
+from vidpoll.health import Health, Misroute, add_pause, bucket_pause
+from vidpoll.learned import DurationsStore, Schedules
 from vidpoll.logs import event
 from vidpoll.models import (
     DEFAULT_ACCOUNT,
@@ -38,14 +41,10 @@ from vidpoll.models import (
     WorkerStats,
 )
 from vidpoll.policy import (
-    KEY_REFUSED,
-    NOT_API_STREAK,
-    PROVIDER,
     AuthPause,
     Budget,
     Misrouted,
     PollPolicy,
-    auth_pause_delay,
     backoff_delay,
     decide,
     is_not_api,
@@ -104,9 +103,6 @@ WRITE_MARGIN_S = 0.5
 """Lease a read must leave for its write, beyond the HTTP timeout: the batched write (up to
 WRITE_INTERVAL_S plus the database's time) must land before another worker may claim the row,
 or that worker could read it earlier than the hint the answer carried."""
-MAX_SUSPECTS = 10_000
-"""Rows remembered as refused by something other than the provider while it answered the
-account's other reads (see Worker._provider_answered); beyond it the memory starts over."""
 PROBE_PREFIX = "vidpoll-probe-"
 """The job id a misrouted account's probe reads: one that cannot exist, so the provider's own
 "not found" proves the URL right again."""
@@ -125,33 +121,6 @@ def late_at_read(job: ClaimedJob) -> float:
     return job.late_s + max(0.0, time.monotonic() - job.claimed_mono)
 
 
-@dataclass
-class _Misroute:
-    """One account's status reads answered by something other than the provider (a wrong base
-    URL, a proxy): from the first such answer until a read or a probe reaches the provider."""
-
-    url: str
-    """The first URL tried (scheme, host and path only), as logged."""
-    since: float
-    """Loop time of the first such answer."""
-    rows: set[str] = field(default_factory=set)
-    """The rows given back meanwhile (see Worker._url_works)."""
-    failures: int = 1
-    """Answers in a row that were not the provider's: the pause grows with them."""
-    probing: bool = False
-
-
-@dataclass
-class _NotApiStreak:
-    """One account's status reads in a row answered by a redirect or a 2xx that is no JSON
-    object (policy.is_not_api), none by the provider in between."""
-
-    count: int = 0
-    rows: set[str] = field(default_factory=set)
-    logged: bool = False
-    """The ERROR naming the URL was logged (once a streak)."""
-
-
 class LockedBatchLike(Protocol):
     """Rows claimed in lock mode, recorded inside the same transaction."""
 
@@ -164,7 +133,7 @@ class LockedBatchLike(Protocol):
         """Clear the claims of rows read without an outcome, before the commit."""
 
 
-class Store(MinutesStore, BudgetStore, NoticeStore, ResultStore, Protocol):
+class Store(MinutesStore, BudgetStore, NoticeStore, ResultStore, DurationsStore, Protocol):
     """What the worker needs from the job table (and the fleet's rate budget)."""
 
     async def claim(self, limit: int, lease_s: float, worker_id: str,
@@ -257,6 +226,12 @@ class WorkerConfig:
     once, always)."""
     spends: Mapping[str, AccountSpend] = field(default_factory=dict)
     """Prices by account (vidpoll.spend): converts a provider's cost figure to money."""
+    timings: Mapping[str, AccountTiming] = field(default_factory=dict)
+    """By account: a learned or a fixed schedule for jobs whose provider gives no hint, the
+    detection target, the overdue factor (vidpoll.learned); an account not given: learned,
+    5 s, 2."""
+    providers: Mapping[str, str] = field(default_factory=dict)
+    """By account: its provider's name (the render times' groups name it); empty: any."""
     read_timeout_s: float = 0.0
     """How long one status read may take (the HTTP client's timeout). In lease mode a claimed
     row is read only while that much of its lease is left, so a worker that fell behind
@@ -275,7 +250,8 @@ class Worker(Runner):
 
     def __init__(self, store: Store, reader: StatusReader | Mapping[str, StatusReader],
                  config: WorkerConfig, rng: random.Random | None = None,
-                 clock: Callable[[], datetime] = utc_now) -> None:
+                 clock: Callable[[], datetime] = utc_now,
+                 schedules: Schedules | None = None) -> None:
         super().__init__(config.policy, rng, clock)
         self.store = store
         # one reader (one API key) per account; a single reader serves the default account
@@ -315,17 +291,17 @@ class Worker(Runner):
         self._since_claim: set[str] = set()
         self._peers: set[str] = set()
         self._presence_due = asyncio.Event()
-        # accounts whose status reads something other than the provider answers (a wrong base
-        # URL, a proxy): paused like a refused key until a probe reaches the provider
-        self._misrouted: dict[str, _Misroute] = {}
-        self._suspects: set[str] = set()
-        """Rows refused that way while the provider answered the account's other reads:
-        their next such refusal is their own error (backoff), not a pause of the account."""
+        self.schedules = schedules or Schedules(
+            store, config.timings, providers=config.providers,
+            fallback_s=config.policy.default_poll_s, first_read_s=config.policy.default_poll_s)
+        """Learned schedules of the jobs whose provider gives no hint (vidpoll.learned)."""
+        self.health = Health(config.policy, self._rng)
+        """Each account's pauses: a refused key, status reads answered by something other
+        than the provider (a wrong base URL, a proxy: paused until a probe reaches it)."""
         self.url_probes = 0
         """Probe reads sent for misrouted accounts."""
         self.misroute_pauses = 0
         """Pauses begun for answers that were not the provider's (one per episode)."""
-        self._not_api: dict[str, _NotApiStreak] = {}
 
     # -- control --------------------------------------------------------------------------
     def stop(self) -> None:
@@ -342,7 +318,8 @@ class Worker(Runner):
                  cfg.worker_id, cfg.claim_mode.value, cfg.concurrency, cfg.lease_s, cfg.listen)
         helpers = [asyncio.create_task(self._writer(), name="vidpoll-writer"),
                    asyncio.create_task(self._minutes_flusher(self.store, True),
-                                       name="vidpoll-minutes")]
+                                       name="vidpoll-minutes"),
+                   asyncio.create_task(self.schedules.run(), name="vidpoll-schedules")]
         if cfg.listen:
             helpers.append(asyncio.create_task(self._listener(), name="vidpoll-listener"))
             if cfg.herd_stagger_s > 0:
@@ -395,7 +372,7 @@ class Worker(Runner):
             # cannot turn each later sleep into a spin
             self._wake.clear()
             self.stats.loop_turns += 1
-            paused_for = self._all_paused_for(cfg.accounts)
+            paused_for = self.health.all_paused_for(cfg.accounts, self._now())
             if paused_for > 0:  # every account's key was refused: nothing to do until a probe
                 await self._sleep(paused_for)
                 continue
@@ -410,6 +387,7 @@ class Worker(Runner):
             claimed = 0
             notified = self._take_notified()
             claim_on_timeout = True
+            asked_at = asyncio.get_running_loop().time()  # proof of a recovery starts here
             try:
                 delay = 0.0
                 if probe_first and not notified:
@@ -431,16 +409,18 @@ class Worker(Runner):
                     if claimed:
                         self.backlog_seen = True
                     self._saturated = claimed == limit
-                    self._db_recovered()
-                    db_failures = 0
-                    if claimed == limit and not any(self._auth_failures.values()):
+                    if claimed == limit and not self.health.any_key_refused():
+                        self._db_recovered(asked_at)  # the claim's rows came from it
+                        db_failures = 0
                         probe_first = False
                         continue  # more may be due: claim again as soon as there is room
                     after = await self._idle_delay(claimed)
                     if after is None:
                         return  # --drain: nothing left
                     delay = after
-                self._db_recovered()
+                # not every account was paused, so _idle_delay asked the database (or the
+                # claim returned rows): a statement of this turn succeeded
+                self._db_recovered(asked_at)
                 db_failures = 0
                 # a sleep shorter than the cap waits for something known (a due row, a
                 # token, a busy retry, a probe of a paused key): claim when it ends
@@ -546,8 +526,8 @@ class Worker(Runner):
         the fleet which notifications it covered, so their staggered answers are skipped."""
         cfg = self.config
         if (not self._herd_mode() or not covered or "" in covered or len(covered) > MAX_COVERED
-                or self._budget_wait is not None or any(self._auth_failures.values())
-                or len(self._unpaused(cfg.accounts)) < len(cfg.accounts)):
+                or self._budget_wait is not None or self.health.any_key_refused()
+                or len(self.health.unpaused(cfg.accounts, self._now())) < len(cfg.accounts)):
             return
         payload = json.dumps({"by": cfg.worker_id, "accounts": sorted(cfg.accounts),
                               "results": cfg.fetch_results, "covered": sorted(covered)},
@@ -585,8 +565,9 @@ class Worker(Runner):
                 return min(cfg.idle_max_s, max(BUSY_RETRY_S / 5, self._budget_wait))
             return 0.0 if self._inflight < cfg.concurrency else cfg.idle_max_s
         # rows of an account whose key is refused wait for its probe, not for this loop
-        unpaused = self._unpaused(accounts)
-        probe_in = self._probe_in(cfg.idle_max_s)
+        now = self._now()
+        unpaused = self.health.unpaused(accounts, now)
+        probe_in = self.health.probe_in(now, cfg.idle_max_s)
         due_in: float | None = None
         if unpaused:
             # one statement for both (issue 16: an idle worker's transactions are counted)
@@ -611,7 +592,7 @@ class Worker(Runner):
         refused (a refused key gets one probe read per pause)."""
         cfg = self.config
         self._budget_wait = None
-        accounts = self._unpaused(cfg.accounts)
+        accounts = self.health.unpaused(cfg.accounts, self._now())
         self._turn += 1
         claimed = 0
         for i in range(len(accounts)):
@@ -619,10 +600,10 @@ class Worker(Runner):
             want = limit - claimed
             if want <= 0 or self._stopping.is_set():
                 break
-            if account in self._misrouted:
+            if self.health.blocked(account):
                 self._probe(account)  # no row is read until the provider answers again
                 continue
-            if self._auth_failures.get(account):
+            if self.health.on_trial(account):
                 want = 1
             claimed += await self._claim_account(account, want)
         return claimed
@@ -747,8 +728,11 @@ class Worker(Runner):
         self.stats.max_late_s = max(self.stats.max_late_s, late_s)
         self._note_server_pause(job.account, answer)
         try:
-            decision = decide(job, answer, self._clock(), self._policy_of(job.account),
-                              self._rng, self.readers[job.account].rules)
+            policy = self._policy_of(job.account)
+            decision = decide(job, answer, self._clock(), policy, self._rng,
+                              self.readers[job.account].rules,
+                              self.schedules.for_job(job, policy.min_poll_s),
+                              self.schedules.timing(job.account).overdue_factor)
         except Exception as exc:
             # never release such a row (it would be due at once: a hot loop); back off instead
             log.exception("job %s: could not interpret the answer", job.job_id)
@@ -761,7 +745,7 @@ class Worker(Runner):
                                account=job.account)
         misrouted = isinstance(decision, Misrouted)
         if isinstance(decision, Misrouted):  # (isinstance again: mypy narrows on it)
-            if job.job_id in self._suspects:
+            if self.health.is_suspect(job.job_id):
                 # The provider answers this account's other reads: only this row's URL is
                 # refused (a proxy rule, say), so it backs off on its own
                 decision = decision.row_outcome
@@ -786,7 +770,7 @@ class Worker(Runner):
         if decision.read_ok or decision.error_class is ErrorClass.NOT_FOUND:
             self._provider_answered(job.account, job.job_id)
         if decision.read_ok:  # (first: a read that went well is parsed once, in decide)
-            if self._not_api:
+            if self.health.not_api:
                 self._not_api_ends(job.account)
         elif is_not_api(answer):
             self._not_api_answer(job, answer)
@@ -844,23 +828,18 @@ class Worker(Runner):
         """Pause the account after an answer that was not the provider's (its row is given
         back untouched); False if its pause had begun already (logged once per pause)."""
         account = job.account
-        episode = self._misrouted.get(account)
-        if episode is not None:
-            if len(episode.rows) < MAX_SUSPECTS:
-                episode.rows.add(job.job_id)
+        delay = self.health.misrouted(account, self._now(),
+                                      lambda: self._shown_url(account, job.job_id), job.job_id)
+        episode = self.health.episode(account)
+        if delay is None or episode is None:
             return False
-        now = self._now()
-        url = self._shown_url(account, job.job_id)
-        self._misrouted[account] = _Misroute(url, now, {job.job_id})
         self.misroute_pauses += 1
         metrics.MISROUTE_PAUSES.labels(account, "poll").inc()
-        delay = auth_pause_delay(1, self.config.policy, self._rng)
-        self._paused_until[account] = max(self._paused_until.get(account, 0.0), now + delay)
         log.error("account %r: a status read got %s from %s, not the provider's error "
                   "envelope: the base URL looks wrong, or a proxy answers in the provider's "
                   "place. Polling of this account is paused, its rows untouched (never counted "
                   "as not found), and probed again with backoff (first in %.1fs); `vidpoll "
-                  "doctor` checks the URL", account, pause.detail, url, delay,
+                  "doctor` checks the URL", account, pause.detail, episode.url, delay,
                   extra=event(job_id=job.job_id, account=account, outcome="misrouted",
                               http_status=pause.http_status))
         return True
@@ -868,15 +847,10 @@ class Worker(Runner):
     def _not_api_answer(self, job: ClaimedJob, answer: HttpAnswer) -> None:
         """A read answered by a redirect or a 2xx that is no JSON object: the row backs off on
         its own (policy.decide); NOT_API_STREAK of them in a row for an account, none answered
-        by the provider, log one ERROR naming the URL. No pause: the provider itself may send
-        a broken body now and then, and that must never stop an account."""
-        streak = self._not_api.setdefault(job.account, _NotApiStreak())
-        streak.count += 1
-        if len(streak.rows) < MAX_SUSPECTS:
-            streak.rows.add(job.job_id)
-        if streak.logged or streak.count < NOT_API_STREAK:
+        by the provider, log one ERROR naming the URL (Health.not_api_answer). No pause."""
+        streak = self.health.not_api_answer(job.account, job.job_id)
+        if streak is None:
             return
-        streak.logged = True
         status = answer.status
         what = "a redirect" if status is not None and 300 <= status < 400 else (
             "a body that is not a JSON object")
@@ -891,22 +865,19 @@ class Worker(Runner):
     def _not_api_ends(self, account: str) -> None:
         """The provider answered one of the account's reads: a streak of answers that were
         not the API's ends (said at INFO if it was logged)."""
-        streak = self._not_api.pop(account, None)
-        if streak is not None and streak.logged:
+        streak = self.health.api_answered(account)
+        if streak is not None:
             log.info("account %r: the provider answers status reads again after %d answers "
                      "that were not its own", account, streak.count)
 
     def _probe(self, account: str) -> None:
         """Send one probe read for a misrouted account whose pause ran out (at most one at a
         time; the account stays paused until its answer)."""
-        episode = self._misrouted[account]
-        # paused while the probe is out (a slow one too): its answer sets the pause anew
-        self._paused_until[account] = self._now() + IDLE_MAX_S
-        if not episode.probing:
-            episode.probing = True
+        episode = self.health.probe_starts(account, self._now())
+        if episode is not None:
             self._spawn(self._probe_url(account, episode))
 
-    async def _probe_url(self, account: str, episode: _Misroute) -> None:
+    async def _probe_url(self, account: str, episode: Misroute) -> None:
         probe_id = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
         try:
             answer = await self.readers[account].read_status(probe_id)
@@ -914,62 +885,49 @@ class Worker(Runner):
             answer = HttpAnswer(None, transport_error=ErrorClass.CONNECTION,
                                 detail=type(exc).__name__)
         finally:
-            episode.probing = False
+            self.health.probe_over(episode)
         self.url_probes += 1
         verdict = probe_verdict(answer, self.readers[account].rules)
-        if self._misrouted.get(account) is not episode:
+        after = self.health.probe_answered(account, episode, verdict, self._now())
+        if after is None:
             pass  # a row's read reached the provider meanwhile: polling resumed already
-        elif verdict in (PROVIDER, KEY_REFUSED):  # a refused key is the rows' to report
-            self._url_works(account, "a probe")
+        elif after.resumed:  # (a refused key is the rows' to report)
+            self._url_works(account, episode, "a probe")
         else:
-            episode.failures += 1
-            delay = auth_pause_delay(episode.failures, self.config.policy, self._rng)
-            self._paused_until[account] = self._now() + delay
             log.debug("account %r: probe answered %s (%s); still paused, next probe in %.1fs",
-                      account, answer.status or answer.transport_error, verdict, delay)
+                      account, answer.status or answer.transport_error, verdict, after.delay_s)
         self._wake.set()
         await self.signals.pulse()
 
     def _provider_answered(self, account: str, job_id: str) -> None:
         """A read of `job_id` reached the provider: the row is no suspect, and a pause of its
         account for answers that were not the provider's ends."""
-        self._suspects.discard(job_id)
-        if account in self._misrouted:
-            self._url_works(account, "a status read")
+        episode = self.health.read_answered(account, job_id)
+        if episode is not None:
+            self._url_works(account, episode, "a status read")
 
-    def _url_works(self, account: str, how: str) -> None:
-        """The provider answers the account's reads again: polling resumes. The rows given back
-        during the pause become suspects: if one of them alone is refused again, it is that
-        row's URL (a proxy rule), and it backs off on its own instead of pausing everything."""
-        episode = self._misrouted.pop(account)
-        if len(self._suspects) + len(episode.rows) > MAX_SUSPECTS:
-            self._suspects.clear()
-        self._suspects |= episode.rows
-        if not self._auth_failures.get(account):
-            self._paused_until.pop(account, None)
+    def _url_works(self, account: str, episode: Misroute, how: str) -> None:
+        """The provider answers the account's reads again (Health.url_works ended `episode`):
+        polling resumes."""
         log.info("account %r: the provider answers status reads again (%s); polling resumed "
                  "after %.1fs (a row refused again that way while the others are answered "
                  "backs off on its own)", account, how, self._now() - episode.since)
         self._wake.set()
 
     def _note_server_pause(self, account: str, answer: HttpAnswer) -> None:
-        """Queue the server's pause for the fleet's bucket (written by the writer, batched).
-
-        A refusal (429) always pauses; "Remaining: 0" only an account without a budget: a
-        budgeted fleet already paces itself, and a server at its limit says it on nearly every
-        answer (pausing on each held the fleet to 0.75 of the limit).
-        """
-        pause = server_pause_s(answer, self._clock(), self.config.policy)
-        if pause is None or (answer.status != 429 and account in self.config.budgets):
+        """Queue the server's pause for the fleet's bucket (written by the writer, batched;
+        health.bucket_pause says which answers pause it)."""
+        pause = bucket_pause(server_pause_s(answer, self._clock(), self.config.policy),
+                             answer.status, account in self.config.budgets)
+        if pause is None:
             return
-        seconds, refused = self._pauses.get(account, (0.0, False))
-        self._pauses[account] = (max(pause, seconds), refused or answer.status == 429)
+        add_pause(self._pauses, account, pause)
         self._outbox_ready.set()
 
     async def _read_leased(self, job: ClaimedJob) -> None:
         try:
             outcome = None
-            if job.account in self._misrouted:
+            if self.health.blocked(job.account):
                 self._release.append(job)  # unread: its account waits for a probe
             elif self._lease_fits_a_read(job):
                 outcome = await self._read(job)
@@ -1125,6 +1083,7 @@ class Worker(Runner):
             batch, self._outbox = self._outbox, []
             release, self._release = self._release, []
             pauses, self._pauses = self._pauses, {}
+            asked_at = loop_time()
             try:
                 for account, (seconds, refused) in pauses.items():
                     await self.store.pause_bucket(account, "status", seconds, refused)
@@ -1138,9 +1097,8 @@ class Worker(Runner):
                 self._db_unavailable(exc)
                 self._outbox[:0] = batch
                 self._release[:0] = release
-                for account, (seconds, refused) in pauses.items():
-                    before, was = self._pauses.get(account, (0.0, False))
-                    self._pauses[account] = (max(seconds, before), refused or was)
+                for account, pause in pauses.items():
+                    add_pause(self._pauses, account, pause)
                 if self._writer_may_exit:
                     log.error("stopping with %d unrecorded results; their rows come due again "
                               "when their leases end", len(self._outbox))
@@ -1155,7 +1113,8 @@ class Worker(Runner):
                               len(batch))
                 continue
             failures = 0
-            self._db_recovered()
+            if pauses or batch or release:  # a statement ran and succeeded
+                self._db_recovered(asked_at)
             self._wrote(len(applied) + len(release))
             self._account(batch, applied)
             self._wake.set()
@@ -1174,8 +1133,11 @@ class Worker(Runner):
             log.error("database unavailable, retrying with backoff (no row is lost; claimed "
                       "rows come due again): %s", str(exc).splitlines()[0])
 
-    def _db_recovered(self) -> None:
-        if self._db_down_since is not None:
+    def _db_recovered(self, asked_at: float) -> None:
+        """A statement begun at `asked_at` (loop time) succeeded. The database is reachable
+        again only if it began after the outage was seen: one begun before may have finished
+        on a connection that outlived the failure another task saw."""
+        if self._db_down_since is not None and asked_at >= self._db_down_since:
             down = asyncio.get_running_loop().time() - self._db_down_since
             self._db_down_since = None
             log.warning("database reachable again after %.1fs", down)
