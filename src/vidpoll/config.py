@@ -489,6 +489,15 @@ class Settings:
         names = self.accounts if accounts is None else accounts
         return {a: self.accounts[a].spend for a in names if a in self.accounts}
 
+    def timings(self, accounts: Sequence[str] | None = None
+                ) -> tuple[dict[str, AccountTiming], dict[str, str]]:
+        """(how each of `accounts` reads jobs whose provider gives no hint, its provider):
+        what `WorkerConfig.timings` and `.providers` take (None: every account)."""
+        names = [a for a in (self.accounts if accounts is None else accounts)
+                 if a in self.accounts]
+        return ({a: self.accounts[a].timing for a in names},
+                {a: self.accounts[a].provider for a in names})
+
 
 def key_variable(account: str) -> str:
     """The environment variable that holds the key of `account` when the environment (not

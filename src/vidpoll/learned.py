@@ -15,17 +15,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
 from vidpoll.aio import honour_cancel
+from vidpoll.config import AccountTiming
 from vidpoll.errors import DatabaseUnavailable
 from vidpoll.models import ClaimedJob
 from vidpoll.schedule import (
     ANY_KEY,
-    DEFAULT_DETECT_P95_S,
-    DEFAULT_OVERDUE_FACTOR,
     LEARN_AFTER_JOBS,
     Durations,
     Plan,
@@ -34,6 +32,7 @@ from vidpoll.schedule import (
 
 log = logging.getLogger("vidpoll.learned")
 
+DEFAULT_TIMING = AccountTiming()
 REFRESH_S = 60.0
 """How often a worker that needs the summary reads it again."""
 
@@ -45,19 +44,10 @@ class DurationsStore(Protocol):
                            now: datetime | None = ...) -> list[Durations]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """An account's settings for its hint-less jobs (config.AccountTiming's fields)."""
-
-    learned: bool = True
-    detect_p95_s: float = DEFAULT_DETECT_P95_S
-    overdue_factor: float = DEFAULT_OVERDUE_FACTOR
-
-
 class Schedules:
     """Plans by (account, provider, model, duration key), from the latest summary."""
 
-    def __init__(self, store: DurationsStore, timings: Mapping[str, Timing] | None = None,
+    def __init__(self, store: DurationsStore, timings: Mapping[str, AccountTiming] | None = None,
                  *, providers: Mapping[str, str] | None = None, fallback_s: float = 15.0,
                  first_read_s: float = 15.0, refresh_s: float = REFRESH_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -66,39 +56,50 @@ class Schedules:
         self.providers = dict(providers or {})
         """account -> its provider (the summary's groups name both)."""
         self.fallback_s = fallback_s
-        self.first_read_s = first_read_s
+        self.first_poll_s = first_read_s
         self.refresh_s = refresh_s
         self._clock = clock
-        self._groups: dict[tuple[str, str, str, str], Durations] = {}
+        self._groups: dict[tuple[str, str, str], Durations] = {}
         self._plans: dict[tuple[str, str, str, str, float], Plan] = {}
         self._wanted = asyncio.Event()
         self._loaded_at: float | None = None
         self.refreshes = 0
 
-    def timing(self, account: str) -> Timing:
+    def timing(self, account: str) -> AccountTiming:
         """The account's settings (the defaults for one not given)."""
-        return self.timings.get(account, Timing())
+        return self.timings.get(account, DEFAULT_TIMING)
 
     def load(self, groups: list[Durations]) -> None:
         """Take a summary (`store.render_stats`); plans are made again as asked for."""
-        self._groups = {(d.account, d.provider, d.model, d.duration_key): d for d in groups}
+        # an account has one provider: a group is found by account, model and key (the
+        # provider's name is checked where it is known, so an account moved to another
+        # provider does not plan from the old one's renders)
+        self._groups = {}
+        for d in sorted(groups, key=lambda g: g.jobs):
+            wanted = self.providers.get(d.account)
+            if wanted is None or wanted == d.provider:
+                self._groups[(d.account, d.model, d.duration_key)] = d
         self._plans.clear()
         self._loaded_at = self._clock()
 
     def for_job(self, job: ClaimedJob, floor_s: float) -> Plan | str:
         """The plan of the job's group, or why it has none (for the row's `poll_reason`)."""
-        timing = self.timing(job.account)
-        if not timing.learned:
+        return self.plan_of(job.account, job.model, job.duration_key, floor_s)
+
+    def plan_of(self, account: str, model: str | None, duration_key: str | None,
+                floor_s: float) -> Plan | str:
+        """The plan of a group: its duration key's if that has enough history, else its
+        model's over every key; or why there is none."""
+        timing = self.timing(account)
+        if timing.schedule != "learned":
             return "the account's poll_schedule is fixed"
         self._wanted.set()
         if self._loaded_at is None:
             return "render times not read yet"
-        provider = self.providers.get(job.account, "")
-        model = job.model or ""
-        key = job.duration_key or ""
+        model = model or ""
+        key = duration_key or ""
         best: Durations | None = None
-        for group in ((job.account, provider, model, key),
-                      (job.account, provider, model, ANY_KEY)):
+        for group in ((account, model, key), (account, model, ANY_KEY)):
             d = self._groups.get(group)
             if d is not None and d.jobs >= LEARN_AFTER_JOBS:
                 best = d
@@ -115,9 +116,16 @@ class Schedules:
         made = self._plans.get(cache)
         if made is None:
             made = plan(best, target_s=timing.detect_p95_s, floor_s=floor_s,
-                        fallback_s=self.fallback_s, first_read_s=self.first_read_s)
+                        fallback_s=self.fallback_s, first_read_s=self.first_poll_s)
             self._plans[cache] = made
         return made
+
+    def first_read_s(self, account: str, model: str | None, duration_key: str | None,
+                     floor_s: float = 0.0) -> float | None:
+        """Seconds from the create to a new job's first read by its group's plan; None
+        without one (the submitter's `first_poll_s` then)."""
+        made = self.plan_of(account, model, duration_key, floor_s)
+        return made.first_read().delay_s if isinstance(made, Plan) else None
 
     async def refresh(self) -> None:
         """Read the summary now (refreshing it first when it is stale, fleet-wide)."""

@@ -78,7 +78,17 @@ def duration_key_of(provider: str, payload: dict[str, Any], model: str | None) -
     learned schedules group renders by it; None when the provider knows none, or its rules
     fail on this request (a key is a refinement: never a reason to refuse one)."""
     try:
-        keyed = getattr(load(provider).rules, "duration_key", None)
+        rules = load(provider).rules
+    except ConfigError:
+        return None
+    return rules_duration_key(rules, payload, model)
+
+
+def rules_duration_key(rules: object, payload: dict[str, Any],
+                       model: str | None) -> str | None:
+    """`duration_key_of` with the provider's rules at hand."""
+    try:
+        keyed = getattr(rules, "duration_key", None)
         key = keyed(payload, model) if keyed is not None else None
     except Exception:  # an optional helper of the provider must not block a submit
         return None

@@ -403,7 +403,7 @@ WITH i AS (
                       AND j.idempotency_key <> %(key)s)
     AND NOT EXISTS (SELECT 1 FROM video_intents o
                     WHERE o.job_id = %(job_id)s AND o.idempotency_key <> %(key)s)
-  RETURNING idempotency_key, account, provider, tags
+  RETURNING idempotency_key, account, provider, tags, model, duration_key
 ), job AS (
   INSERT INTO video_jobs (job_id, state, next_poll_at, idempotency_key, account, provider,
                           tags, model, duration_key)

@@ -43,6 +43,12 @@ Behaviour and its basis
   Life: starting for `starting_s`, processing for `processing_s` (+ seeded jitter), then an
   outcome drawn from `outcome_mix` [A: the timings; a drawn `aborted` ends, unstarted, when
   the start would have come]. Everything is computed from elapsed time when read.
+  `render_times` (none by default) gives a model its own render times instead: each of its
+  predictions draws its whole time from the create to the end (`created_at` to
+  `completed_at`) from a log-normal `RenderTimes(median_s, sigma)`, on a generator of its own
+  (seeded), starting for `starting_s` of it at most [A: for benchmarks of poll schedules].
+  Every prediction counts the status reads answered for it (`reads`; `render_log()` lists
+  them with each end time) [A: introspection only].
 - `Cancel-After` header: aborted if the deadline passes before the start, canceled if after
   [D DEADLINE]. Its format beyond the documented `1m`: Go-style durations (`500ms`, `30s`,
   `1h30m`) or bare seconds [A]; an unreadable value answers 400 [A]. `Prefer: wait` is not
@@ -141,6 +147,20 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+@dataclass(frozen=True)
+class RenderTimes:
+    """A model's render times, create to end: log-normal with this median and `sigma` (the
+    standard deviation of the log), never below `min_s`."""
+
+    median_s: float
+    sigma: float = 0.0
+    min_s: float = 0.0
+
+    def draw(self, rng: random.Random) -> float:
+        """One render time, seconds."""
+        return max(self.min_s, self.median_s * math.exp(rng.gauss(0.0, self.sigma)))
+
+
 @dataclass
 class ReplicateFakeConfig:
     """How the fake behaves; mutable while it runs (rates are read on every request)."""
@@ -154,6 +174,9 @@ class ReplicateFakeConfig:
     processing_s: float = 1.0
     processing_jitter_s: float = 0.0
     """Each prediction's processing time is processing_s + uniform(0, jitter) (seeded)."""
+    render_times: dict[str, RenderTimes] = field(default_factory=dict)
+    """Model "owner/name" -> its render times (create to end), drawn per prediction; a model
+    not named here: starting_s + processing_s (+ jitter). Read at each create."""
     outcome_mix: dict[str, float] = field(default_factory=lambda: {"succeeded": 1.0})
     """Weights of the final statuses (OUTCOMES), drawn per prediction (seeded)."""
     error_text: str = "Prediction failed: CUDA out of memory"
@@ -212,6 +235,8 @@ class FakePrediction:
     webhook: str | None = None
     webhook_events: frozenset[str] = frozenset()
     canceled_at: float | None = None
+    reads: int = 0
+    """Status reads answered for it (GET /v1/predictions/{id}, 200)."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -340,6 +365,9 @@ class FakeReplicate:
         if models is not None:
             self.config.models = {name: list(versions) for name, versions in models.items()}
         self.rng = random.Random(self.config.seed)
+        # render times draw from their own generator: the seeded sequence of ids and
+        # outcomes stays as it was when they are not used
+        self._render_rng = random.Random(self.config.seed)
         self.predictions: dict[str, FakePrediction] = {}
         self.webhook_deliveries: list[WebhookDelivery] = []
         self._billed: Counter[tuple[str, str, str]] = Counter()
@@ -403,6 +431,17 @@ class FakeReplicate:
     def add_model(self, name: str, versions: list[str]) -> None:
         """Make model "owner/name" known, with its versions (the last is the latest)."""
         self.config.models[name] = list(versions)
+
+    def render_log(self) -> list[dict[str, Any]]:
+        """Every prediction: `id`, `model`, `created` and `ended` (unix seconds; `ended` is
+        when it ends or will, its `completed_at`), `status` (its final one) and `reads` (the
+        status reads answered for it so far), in creation order."""
+        out = []
+        for p in sorted(self.predictions.values(), key=lambda q: q.seq):
+            end, final, _ = p.ending()
+            out.append({"id": p.id, "model": p.model, "created": p.created, "ended": end,
+                        "status": final, "reads": p.reads})
+        return out
 
     def view(self, prediction_id: str) -> dict[str, Any]:
         """What a GET of this prediction would answer now."""
@@ -569,13 +608,21 @@ class FakeReplicate:
         now = time.time()
         weights = [max(0.0, cfg.outcome_mix.get(o, 0.0)) for o in OUTCOMES]
         outcome = self.rng.choices(OUTCOMES, weights)[0] if sum(weights) > 0 else "succeeded"
-        jitter = self.rng.uniform(0, cfg.processing_jitter_s) if cfg.processing_jitter_s else 0
+        times = cfg.render_times.get(model)
+        if times is not None:
+            total = times.draw(self._render_rng)
+            starting = min(cfg.starting_s, total)
+            processing = total - starting
+        else:
+            jitter = (self.rng.uniform(0, cfg.processing_jitter_s) if cfg.processing_jitter_s
+                      else 0)
+            starting, processing = cfg.starting_s, cfg.processing_s + jitter
         p = FakePrediction(
             id=self._new_id(), seq=len(self.predictions), model=model, version=version,
             input=input_, created_us=round(now * 1e6), origin=origin,
             files_base=(cfg.files_base_url or origin).rstrip("/"),
             output_shape=cfg.output_shape if cfg.output_shape in OUTPUT_FILES else "url",
-            starting_s=cfg.starting_s, processing_s=cfg.processing_s + jitter,
+            starting_s=starting, processing_s=processing,
             outcome=outcome, deadline=None if deadline_s is None else now + deadline_s,
             webhook=webhook, webhook_events=events)
         self.predictions[p.id] = p
@@ -717,6 +764,7 @@ class FakeReplicate:
         p = self.predictions.get(request.match_info["id"])
         if p is None:
             return web.json_response(NOT_FOUND, status=404)
+        p.reads += 1
         return web.json_response(self._body(p, time.time()))
 
     async def cancel_prediction(self, request: web.Request) -> web.StreamResponse:
