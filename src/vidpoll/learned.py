@@ -121,11 +121,15 @@ class Schedules:
         return made
 
     def first_read_s(self, account: str, model: str | None, duration_key: str | None,
-                     floor_s: float = 0.0) -> float | None:
-        """Seconds from the create to a new job's first read by its group's plan; None
-        without one (the submitter's `first_poll_s` then)."""
+                     floor_s: float, first_poll_s: float) -> float | None:
+        """Seconds from the create to a new job's first read by its group's plan: never
+        later than `first_poll_s` unless no render of the group ended that soon (then at
+        the shortest), never before `floor_s`; None without a plan (`first_poll_s` then)."""
         made = self.plan_of(account, model, duration_key, floor_s)
-        return made.first_read().delay_s if isinstance(made, Plan) else None
+        if not isinstance(made, Plan):
+            return None
+        latest = max(first_poll_s, made.durations.quantiles[0])
+        return max(floor_s, min(made.first_read().delay_s, latest))
 
     async def refresh(self) -> None:
         """Read the summary now (refreshing it first when it is stale, fleet-wide)."""
@@ -143,4 +147,6 @@ class Schedules:
                 await self.refresh()
             except DatabaseUnavailable as exc:
                 log.debug("render times not read: %s", exc)
+            except Exception:  # never the end of learned schedules for this process
+                log.exception("render times not read; trying again in %gs", self.refresh_s)
             await asyncio.sleep(self.refresh_s)

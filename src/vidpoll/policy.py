@@ -10,6 +10,7 @@ import json
 import math
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -324,12 +325,14 @@ def _request_id(body: dict[str, Any] | None, answer: HttpAnswer) -> str | None:
 
 
 def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolicy,
-           rng: random.Random, rules: Rules, schedule: Plan | str | None = None,
+           rng: random.Random, rules: Rules,
+           schedule: Plan | str | Callable[[], Plan | str] | None = None,
            overdue_factor: float | None = None) -> Outcome | AuthPause:
     """Classify one status read and say what the row becomes.
 
     `schedule`: the learned plan of the job's group (`vidpoll.schedule`), used only when the
-    answer gives no hint; a text: why there is none yet (shown in the row's `poll_reason`).
+    answer gives no hint; a text: why there is none yet (shown in the row's `poll_reason`);
+    a function giving either, called only for an answer without a hint.
     `overdue_factor`: with a plan, the job is overdue past its group's p99 times this."""
     status = answer.status
     # parsed once: the hot path of every read
@@ -394,7 +397,7 @@ def decide(job: ClaimedJob, answer: HttpAnswer, now: datetime, policy: PollPolic
                        inline_result=(view.outcome == SUCCEEDED
                                       and rules.result_source is ResultSource.INLINE))
     state = GAVE_UP if _age_s(job, now) >= policy.max_age_s else PENDING
-    delay, reason = _next_read(job, view.hint, now, policy, schedule)
+    delay, reason, schedule = _next_read(job, view.hint, now, policy, schedule)
     return Outcome(job.job_id, job.claim_token, state, delay, read_ok=True,
                    http_status=status,
                    provider_status=(f"{view.word} ({view.detail[:60]})"
@@ -425,19 +428,23 @@ def _render_seconds(rules: Rules, body: dict[str, Any]) -> float | None:
 
 
 def _next_read(job: ClaimedJob, hint: Any, now: datetime, policy: PollPolicy,
-               schedule: Plan | str | None) -> tuple[float, str]:
-    """(seconds, why) until the next read of a job still running: the provider's hint when
-    it gives one (it always wins), else the learned plan's next read for the job's age,
-    else the fixed interval."""
+               schedule: Plan | str | Callable[[], Plan | str] | None
+               ) -> tuple[float, str, Plan | str | None]:
+    """(seconds, why, the plan used) until the next read of a job still running: the
+    provider's hint when it gives one (it always wins: no plan is asked for), else the
+    learned plan's next read for the job's age, else the fixed interval."""
     if hint_seconds(hint, policy) is not None:
         delay = next_poll_delay(hint, policy)
-        return delay, f"the provider's hint: {delay:g}s"
+        return delay, f"the provider's hint: {delay:g}s", None
+    if callable(schedule):
+        schedule = schedule()
     if isinstance(schedule, Plan):
         born = job.created_at or job.polling_since
         step = schedule.next_read(max(0.0, (now - born).total_seconds()))
-        return min(policy.max_poll_s, max(policy.min_poll_s, step.delay_s)), step.reason
+        return (min(policy.max_poll_s, max(policy.min_poll_s, step.delay_s)), step.reason,
+                schedule)
     delay = next_poll_delay(None, policy)
-    return delay, f"fixed {delay:g}s" + (f": {schedule}" if schedule else "")
+    return delay, f"fixed {delay:g}s" + (f": {schedule}" if schedule else ""), schedule
 
 
 RETRYABLE_READ_4XX = frozenset({408, 425, 429})

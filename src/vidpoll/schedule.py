@@ -15,7 +15,7 @@ it is (`jobs show`). Past the oldest age the history covers, the fixed interval 
 
 How the reads are placed (`plan`): a render that ends between two reads t1 < t2 is seen at
 t2, late by t2 - T; later than the target d only if it ended before t2 - d. So reads every d
-wherever renders end miss nobody, and stretches where none of the history ended need no read.
+from where renders start to end until they all have miss nobody.
 The share allowed to be seen later than the target (5 % for a p95, planned at 3 %: the
 history is a sample, and reads start a little late) is spent where it saves the most reads:
 on the shortest renders (the first read waits until all but them could have ended, saving
@@ -162,6 +162,8 @@ class Plan:
     """Reads a job of this history takes on average (`evaluate`)."""
     expected_p95_s: float
     """The p95 detection delay over this history (`evaluate`)."""
+    step_s: float = 0.0
+    """The gap between dense reads: the target, or wider when the target costs too much."""
 
     def next_read(self, age_s: float) -> Step:
         """The read after one made at `age_s` seconds since the create."""
@@ -170,16 +172,23 @@ class Plan:
         if i < len(self.reads):
             at = self.reads[i]
             delay = max(self.floor_s, at - age_s)
-            dense = "dense" if at - (self.reads[i - 1] if i else 0.0) <= self.target_s + 1e-6 \
-                else "sparse"
+            dense = ("dense" if at - (self.reads[i - 1] if i else 0.0)
+                     <= max(self.step_s, self.target_s) + 1e-6 else "sparse")
             return Step(delay, f"learned: read {i + 1} of {len(self.reads)} at age {at:.0f}s "
                                f"({dense}); {d.shown()} renders end p10 {d.p10:.0f}s, p50 "
                                f"{d.p50:.0f}s, p90 {d.p90:.0f}s ({d.jobs} jobs); aiming at "
-                               f"{self.target_s:g}s p95 detection, ~{self.expected_reads:.1f} "
-                               f"reads a job")
+                               f"{self.target_s:g}s p95 detection{self._short()}, "
+                               f"~{self.expected_reads:.1f} reads a job")
         return Step(self.fallback_s,
                     f"fixed {self.fallback_s:g}s: age {age_s:.0f}s is past every {d.shown()} "
                     f"render in the history (longest {d.longest:.0f}s, {d.jobs} jobs)")
+
+    def _short(self) -> str:
+        """What a plan capped by the fixed interval's reads reaches instead of its target."""
+        if self.expected_p95_s <= self.target_s * 1.05:
+            return ""
+        return (f" (reaching {self.expected_p95_s:.1f}s: more would cost over "
+                f"{MAX_READS_VS_FIXED:g}x the reads of the fixed {self.fallback_s:g}s)")
 
     def first_read(self) -> Step:
         """The first read of a new job (from the create)."""
@@ -195,36 +204,58 @@ def plan(durations: Durations, *, target_s: float = DEFAULT_DETECT_P95_S,
          miss_share: float = PLANNED_MISS_SHARE) -> Plan:
     """The fewest reads that see all but `miss_share` of this history's ends within
     `target_s`, none closer than `floor_s`; the first never later than `first_read_s` unless
-    no render of the history ended that soon (then at the shortest one)."""
+    no render of the history ended that soon (then at the shortest one).
+
+    Never more than `MAX_READS_VS_FIXED` times the reads a job takes, on this history, at
+    the fixed interval (`fallback_s`, the first at `first_read_s`): where renders spread too
+    widely for the target at that cost (a long tail of renders stuck for hours), the dense
+    reads stop earlier and the fixed interval takes over; the plan's `expected_p95_s` then
+    says what it reaches instead.
+    """
     if not (target_s > 0 and math.isfinite(target_s)):
         raise ValueError("target_s must be a positive number")
     floor_s = max(0.05, floor_s)
     probe = _probe_ends(durations)
-    best: tuple[float, ...] = ()
-    best_reads = math.inf
-    for right in RIGHT_SPLITS:
-        reads = _place(durations, target_s, floor_s, miss_share * (1 - right),
-                       miss_share * right)
-        mean_reads, _ = evaluate(reads, probe, fallback_s)
-        if mean_reads < best_reads:
-            best, best_reads = reads, mean_reads
     cap = max(first_read_s, durations.quantiles[0])
-    if best and best[0] > cap:
-        best = (cap, *best)
+    fixed = evaluate(fixed_reads(fallback_s, min(first_read_s, fallback_s),
+                                 durations.longest), probe, fallback_s)[0]
+    best: tuple[float, ...] = ()
+    step = target_s
+    for widen in WIDENINGS:
+        step = max(target_s, min(target_s * widen, fallback_s))
+        best_reads = math.inf
+        for right in RIGHT_SPLITS:
+            reads = _place(durations, step, floor_s, miss_share * (1 - right),
+                           miss_share * right)
+            if reads and reads[0] > cap:
+                reads = (cap, *reads)
+            mean_reads = evaluate(reads, probe, fallback_s)[0]
+            if mean_reads < best_reads:
+                best, best_reads = reads, mean_reads
+        if best_reads <= fixed * MAX_READS_VS_FIXED or step >= fallback_s:
+            break  # the target (or the widest step) within the price
     exp_reads, exp_p95 = evaluate(best, probe, fallback_s)
-    return Plan(durations, best, target_s, floor_s, fallback_s, exp_reads, exp_p95)
+    return Plan(durations, best, target_s, floor_s, fallback_s, exp_reads, exp_p95,
+                max(step, floor_s))
 
 
 RIGHT_SPLITS = (0.0, 0.25, 0.5, 0.75)
 """Shares of the planned misses tried on the longest renders (the rest on the shortest)."""
+MAX_READS_VS_FIXED = 2.0
+"""A plan's reads a job, on its history, at most this many times the fixed interval's: the
+target is bought with reads only up to this price."""
+WIDENINGS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 10.0, 1000.0)
+"""Steps tried, as multiples of the target, when the target's reads cost too much (the last
+is the fixed interval's step)."""
+MAX_PLANNED_READS = 5000
+"""A plan's reads at most (a tiny target over a long history); the fixed interval after."""
 
 
 def _place(d: Durations, target: float, floor: float, left: float,
            right: float) -> tuple[float, ...]:
     """Reads from the create: the first where renders start to end (the shortest `left` of
-    the history seen late), then a read every `target` (never closer than `floor`) wherever
-    renders of the history end, skipping stretches where none did, until all but the
-    longest `right` have ended; past that, the fixed interval.
+    the history seen late), then a read every `target` (never closer than `floor`) until
+    all but the longest `right` have ended; past that, the fixed interval.
 
     Spending the misses on the shortest renders saves reads for every job (each is read
     from the first read on); spending them on the longest saves the reads of the long tail.
@@ -234,9 +265,8 @@ def _place(d: Durations, target: float, floor: float, left: float,
     end = d.quantile(1.0 - right)
     t = max(d.quantile(left) + target, floor)
     reads = [t]
-    while t < end and len(reads) < 100_000:
-        # the longest gap that misses nobody: renders ending after t are seen within target
-        t = max(d.quantile(d.cdf(t)) + target, t + step)
+    while t < end and len(reads) < MAX_PLANNED_READS:
+        t += step
         reads.append(t)
     return tuple(reads)
 

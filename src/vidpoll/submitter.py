@@ -732,10 +732,15 @@ class Submitter(Runner):
         if self.schedules is None:
             return self.config.first_poll_s
         rules = self.creators[intent.account].rules
+        policy = self.config.policy
+        # the floor the poller's plan of this account uses (its policy's, raised to the
+        # provider's; an account's own min_poll_s is the poller's alone: a plan of its own)
+        floor = min(policy.max_poll_s,
+                    max(policy.min_poll_s, float(getattr(rules, "min_poll_s", 0.0) or 0.0)))
         planned = self.schedules.first_read_s(
             intent.account, intent.model,
-            registry.rules_duration_key(rules, intent.payload, intent.model),
-            float(getattr(rules, "min_poll_s", 0.0) or 0.0))
+            registry.rules_duration_key(rules, intent.payload, intent.model), floor,
+            self.config.first_poll_s)
         return self.config.first_poll_s if planned is None else planned
 
     async def _record(self, outcome: SubmitOutcome, intent: ClaimedIntent) -> None:

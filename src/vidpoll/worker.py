@@ -12,14 +12,15 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from vidpoll import metrics
 from vidpoll.aio import cancel_and_wait, honour_cancel, wait_event
@@ -69,6 +70,8 @@ from vidpoll.runner import (
     utc_now,
 )
 from vidpoll.spend import NO_SPEND, AccountSpend
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +277,8 @@ class Worker(Runner):
         self._lanes = asyncio.Semaphore(max(1, config.lock_lanes))
         self._seen_words: set[str] = set()
         self._db_down_since: float | None = None
+        self._answered_at = -math.inf
+        """When a statement of the main loop last succeeded (loop time)."""
         self._writer_may_exit = False
         self.results = ResultFetcher(store, config.policy, self.stats)
         """Result fetches: claimed within this worker's read tokens, read with its clients."""
@@ -410,7 +415,8 @@ class Worker(Runner):
                         self.backlog_seen = True
                     self._saturated = claimed == limit
                     if claimed == limit and not self.health.any_key_refused():
-                        self._db_recovered(asked_at)  # the claim's rows came from it
+                        if self._answered_at >= asked_at:  # the claim's rows came from it
+                            self._db_recovered(asked_at)
                         db_failures = 0
                         probe_first = False
                         continue  # more may be due: claim again as soon as there is room
@@ -418,9 +424,10 @@ class Worker(Runner):
                     if after is None:
                         return  # --drain: nothing left
                     delay = after
-                # not every account was paused, so _idle_delay asked the database (or the
-                # claim returned rows): a statement of this turn succeeded
-                self._db_recovered(asked_at)
+                # only a statement of this turn that succeeded proves the database is back
+                # (a turn whose accounts were all blocked asked it nothing)
+                if self._answered_at >= asked_at:
+                    self._db_recovered(asked_at)
                 db_failures = 0
                 # a sleep shorter than the cap waits for something known (a due row, a
                 # token, a busy retry, a probe of a paused key): claim when it ends
@@ -546,6 +553,12 @@ class Worker(Runner):
             return min(delay, DRAIN_RECHECK_S)
         return delay
 
+    async def _answered(self, statement: Awaitable[T]) -> T:
+        """Await a statement; its success proves the database answers (`_answered_at`)."""
+        result = await statement
+        self._answered_at = asyncio.get_running_loop().time()
+        return result
+
     async def _idle_delay_for(self, claimed: int, probing: bool) -> float | None:
         """`_idle_delay` before a drain's cap."""
         cfg = self.config
@@ -556,7 +569,8 @@ class Worker(Runner):
                 and not self._ready
                 and not (cfg.drain_waits_for_intents
                          and await self.store.has_queued_intents(accounts))
-                and not await self.store.has_pending(accounts, results=cfg.fetch_results)):
+                and not await self._answered(self.store.has_pending(
+                    accounts, results=cfg.fetch_results))):
             log.info("drain: no pending row left")
             self._stopping.set()
             return None
@@ -571,8 +585,8 @@ class Worker(Runner):
         due_in: float | None = None
         if unpaused:
             # one statement for both (issue 16: an idle worker's transactions are counted)
-            poll_in, result_in = await self.store.next_work_due_in(
-                unpaused, results=cfg.fetch_results)
+            poll_in, result_in = await self._answered(self.store.next_work_due_in(
+                unpaused, results=cfg.fetch_results))
             due_in = min((d for d in (poll_in, result_in) if d is not None), default=None)
         if due_in is None:
             return min(cfg.idle_max_s, probe_in)
@@ -682,6 +696,7 @@ class Worker(Runner):
             await self.signals.pulse()
 
     def _count_claim(self, n: int) -> None:
+        self._answered_at = asyncio.get_running_loop().time()  # a claim statement succeeded
         self._wrote(n)
         metrics.CLAIM_BATCH.observe(n)
         self.stats.claims += 1
@@ -731,7 +746,7 @@ class Worker(Runner):
             policy = self._policy_of(job.account)
             decision = decide(job, answer, self._clock(), policy, self._rng,
                               self.readers[job.account].rules,
-                              self.schedules.for_job(job, policy.min_poll_s),
+                              lambda: self.schedules.for_job(job, policy.min_poll_s),
                               self.schedules.timing(job.account).overdue_factor)
         except Exception as exc:
             # never release such a row (it would be due at once: a hot loop); back off instead

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from vidpoll.models import ClaimedJob, Outcome
+from vidpoll.models import ClaimedJob, ErrorClass, Outcome
 from vidpoll.schedule import ANY_KEY, durations_from_samples
 from vidpoll.store import PgStore
 
@@ -135,3 +135,24 @@ async def test_an_intent_records_its_model_for_its_job(db_url: str, store: PgSto
     rows = _sql(db_url, "SELECT model FROM video_intents WHERE idempotency_key = %(k)s",
                 {"k": intent.key})
     assert rows == [("owner/model",)]
+
+
+async def test_the_trigger_keeps_a_group_to_its_newest_thousand(db_url: str) -> None:
+    # nobody reads the summary here (every account fixed, no serve): the table stays bounded
+    _end_jobs(db_url, "a", [30.0] * 1000)
+    _end_jobs(db_url, "b", [40.0] * 7)
+    assert _sql(db_url, "SELECT count(*) FROM vidpoll_render_times") == [(1000,)]
+    assert _sql(db_url, "SELECT count(*) FROM vidpoll_render_times WHERE seconds > 35") == [
+        (7,)]
+
+
+async def test_a_failed_read_is_no_bound_on_the_end(db_url: str, store: PgStore) -> None:
+    await store.add_job("r1", delay_s=0.0)
+    (job,) = await store.claim(5, 30.0, "w1")
+    # a read that saw it running, then (the next claim) one that failed
+    await store.record([Outcome(job.job_id, job.claim_token, "pending", 0.0, read_ok=True)])
+    seen = _sql(db_url, "SELECT running_seen_at FROM video_jobs")[0][0]
+    (job,) = await store.claim(5, 30.0, "w1")
+    await store.record([Outcome(job.job_id, job.claim_token, "pending", 0.0, read_ok=False,
+                                error_class=ErrorClass.SERVER_ERROR, http_status=502)])
+    assert _sql(db_url, "SELECT running_seen_at FROM video_jobs") == [(seen,)]

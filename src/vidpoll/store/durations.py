@@ -21,7 +21,8 @@ class PgDurations(PgBase):
         ones ended since), as `Durations`; groups whose quantiles cannot be read are left
         out (a hand-edited row)."""
         out = []
-        for r in await self._all("render_stats", {"max_age_s": max_age_s, "now": now}):
+        name = "render_stats" if now is None else "render_stats_at"
+        for r in await self._all(name, {"max_age_s": max_age_s, "now": now}):
             try:
                 out.append(Durations(r["account"], r["provider"], r["model"],
                                      r["duration_key"], int(r["jobs"]),

@@ -88,10 +88,13 @@ SET state = o.state,
                         ELSE j.next_poll_at END,
     poked_at = NULL,
     -- why the next read is when it is, and when the job becomes overdue (0018): the plan of
-    -- its group (its p99 times the account's factor); the provider's own render time
+    -- its group (its p99 times the account's factor), set once; the last read that saw it
+    -- running (its render time's bound); the provider's own render time
     poll_reason = CASE WHEN o.state = 'pending' THEN o.poll_reason ELSE NULL END,
-    overdue_at = CASE WHEN o.overdue_after_s IS NULL THEN j.overdue_at
-                      ELSE j.created_at + make_interval(secs => o.overdue_after_s) END,
+    overdue_at = coalesce(j.overdue_at,
+                          j.created_at + make_interval(secs => o.overdue_after_s)),
+    running_seen_at = CASE WHEN o.read_ok AND o.state = 'pending' THEN o.answered_at
+                           ELSE j.running_seen_at END,
     render_s = CASE WHEN o.state = 'pending' THEN j.render_s ELSE o.render_s END,
     finished_at = CASE WHEN o.state = 'pending' THEN NULL ELSE o.answered_at END,
     updated_at = coalesce(%(now)s::timestamptz, clock_timestamp()),

@@ -18,7 +18,7 @@ ARCHIVED_COLUMNS = (
     "idempotency_key", "account", "poked_at", "result", "result_state", "result_next_at",
     "result_attempts", "result_token", "result_error", "result_fetched_at", "provider",
     "outcome", "handle", "cost", "provider_cost", "provider_cost_unit", "tags", "model",
-    "duration_key", "render_s", "poll_reason", "overdue_at")
+    "duration_key", "render_s", "poll_reason", "overdue_at", "running_seen_at")
 """The columns prune_finished copies to video_jobs_archive (named there, in the same order)."""
 PRUNE_STALE_S = 900.0
 """Work (a result fetch, a delivery) due longer ago than this and untaken: no worker for it."""

@@ -30,7 +30,7 @@ INSERT INTO video_jobs_archive (  -- archived_at takes its default
   claimed_by, claimed_at, idempotency_key, account, poked_at, result, result_state,
   result_next_at, result_attempts, result_token, result_error, result_fetched_at, provider,
   outcome, handle, cost, provider_cost, provider_cost_unit, tags, model, duration_key,
-  render_s, poll_reason, overdue_at)
+  render_s, poll_reason, overdue_at, running_seen_at)
 SELECT
   job_id, state, next_poll_at, created_at, updated_at, polling_since, finished_at, polls,
   consecutive_errors, errors_total, not_found_count, last_polled_at, last_http_status,
@@ -38,7 +38,7 @@ SELECT
   claimed_by, claimed_at, idempotency_key, account, poked_at, result, result_state,
   result_next_at, result_attempts, result_token, result_error, result_fetched_at, provider,
   outcome, handle, cost, provider_cost, provider_cost_unit, tags, model, duration_key,
-  render_s, poll_reason, overdue_at
+  render_s, poll_reason, overdue_at, running_seen_at
 FROM moved
 RETURNING job_id;
 

@@ -18,25 +18,31 @@
 -- The request's model and duration key (the clip length, where the provider's rules know
 -- one), copied from the intent when the job is recorded; the provider's own render time;
 -- why the next read is when it is (the worker's words, for `jobs show`); when the job becomes
--- overdue (its group's p99 times the account's factor, from its creation).
+-- overdue (its group's p99 times the account's factor, from its creation); the last read
+-- whose answer said the job was still running (a read that failed says nothing: its time is
+-- no bound on the render's end).
 -- vidpoll: step
 ALTER TABLE video_jobs
   ADD COLUMN IF NOT EXISTS model text,
   ADD COLUMN IF NOT EXISTS duration_key text,
   ADD COLUMN IF NOT EXISTS render_s real,
   ADD COLUMN IF NOT EXISTS poll_reason text,
-  ADD COLUMN IF NOT EXISTS overdue_at timestamptz;
+  ADD COLUMN IF NOT EXISTS overdue_at timestamptz,
+  ADD COLUMN IF NOT EXISTS running_seen_at timestamptz;
 -- vidpoll: step
 ALTER TABLE video_jobs_archive
   ADD COLUMN IF NOT EXISTS model text,
   ADD COLUMN IF NOT EXISTS duration_key text,
   ADD COLUMN IF NOT EXISTS render_s real,
   ADD COLUMN IF NOT EXISTS poll_reason text,
-  ADD COLUMN IF NOT EXISTS overdue_at timestamptz;
+  ADD COLUMN IF NOT EXISTS overdue_at timestamptz,
+  ADD COLUMN IF NOT EXISTS running_seen_at timestamptz;
 -- vidpoll: step
 ALTER TABLE video_intents ADD COLUMN IF NOT EXISTS duration_key text;
 
--- `jobs list --overdue`, the overdue gauge: the few pending rows past their time.
+-- `jobs list --overdue`, the overdue gauge: pending rows whose reads a learned schedule
+-- planned (overdue_at is set on their first read that found them running; rows of providers
+-- that hint, or without history, are not in it).
 -- vidpoll: step no-transaction
 CREATE INDEX CONCURRENTLY IF NOT EXISTS video_jobs_overdue_idx
   ON video_jobs (overdue_at) WHERE state = 'pending' AND overdue_at IS NOT NULL;
@@ -81,12 +87,22 @@ CREATE OR REPLACE FUNCTION vidpoll_note_render_time() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
   ended timestamptz := coalesce(NEW.finished_at, clock_timestamp());
-  seen_running timestamptz := greatest(NEW.created_at, coalesce(OLD.last_polled_at,
-                                                                NEW.created_at));
+  -- a level-17 writer sets no running_seen_at: its last read is the best bound there is
+  seen_running timestamptz := greatest(NEW.created_at,
+                                       coalesce(OLD.running_seen_at, OLD.last_polled_at,
+                                                NEW.created_at));
 BEGIN
   IF NEW.outcome IS NULL OR NEW.outcome NOT IN ('succeeded', 'failed') THEN
     RETURN NULL;
   END IF;
+  -- keep the group to its newest 1,000: each one added drops the oldest beyond them (an
+  -- index scan of the group's newest entries), so the table stays bounded whoever reads it
+  DELETE FROM vidpoll_render_times
+  WHERE id = (SELECT id FROM vidpoll_render_times
+              WHERE account = NEW.account AND provider = NEW.provider
+                AND model = coalesce(NEW.model, '')
+                AND duration_key = coalesce(NEW.duration_key, '')
+              ORDER BY ended_at DESC OFFSET 999 LIMIT 1);
   IF NEW.render_s IS NOT NULL AND NEW.render_s >= 0 THEN
     INSERT INTO vidpoll_render_times (account, provider, model, duration_key, ended_at,
                                       seconds, source)
@@ -115,13 +131,13 @@ CREATE TRIGGER vidpoll_jobs_render_time
   WHEN (OLD.state = 'pending' AND NEW.state <> 'pending')
   EXECUTE FUNCTION vidpoll_note_render_time();
 
--- The summary, brought up to date first when it is older than max_age_s and render times
--- were added since (one refresher at a time, fleet-wide: the others read the summary as it
--- is), then returned. SECURITY DEFINER: a worker's role needs no grant on either table.
--- `at`: a test's clock (the 30-day window and the summary's age), NULL: the database's.
+-- The summary, brought up to date first when it is older than max_age_s (at least 10 s) and
+-- render times were added since (one refresher at a time, fleet-wide: the others read the
+-- summary as it is), then returned. SECURITY DEFINER: a worker's role needs no grant on
+-- either table. `at`: a test's clock (the 30-day window and the summary's age); only the
+-- owner may give one (EXECUTE revoked from PUBLIC): the public form uses the database's.
 -- vidpoll: step
-CREATE OR REPLACE FUNCTION vidpoll_render_stats_fresh(max_age_s float8,
-                                                      at timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION vidpoll_render_stats_at(max_age_s float8, at timestamptz)
 RETURNS SETOF vidpoll_render_stats
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
@@ -134,7 +150,9 @@ BEGIN
   SELECT max(through_id), max(refreshed_at) INTO seen, fresh_at FROM vidpoll_render_stats;
   SELECT max(id) INTO newest FROM vidpoll_render_times;
   IF newest IS DISTINCT FROM seen
-     AND (fresh_at IS NULL OR fresh_at < now_ts - make_interval(secs => max_age_s))
+     -- a summary from the future (a clock set back) counts as stale
+     AND (fresh_at IS NULL OR fresh_at > now_ts
+          OR fresh_at < now_ts - make_interval(secs => greatest(max_age_s, 10)))
      AND pg_try_advisory_xact_lock(hashtext('vidpoll'), 31) THEN
     -- keep the newest 1,000 of each group that ended within 30 days
     DELETE FROM vidpoll_render_times t
@@ -158,4 +176,13 @@ BEGIN
   END IF;
   RETURN QUERY SELECT * FROM vidpoll_render_stats;
 END
+$$;
+-- vidpoll: step
+REVOKE EXECUTE ON FUNCTION vidpoll_render_stats_at(float8, timestamptz) FROM PUBLIC;
+
+-- vidpoll: step
+CREATE OR REPLACE FUNCTION vidpoll_render_stats_fresh(max_age_s float8)
+RETURNS SETOF vidpoll_render_stats
+LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+  SELECT * FROM vidpoll_render_stats_at(max_age_s, NULL)
 $$;
