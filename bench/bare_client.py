@@ -1,7 +1,8 @@
 """The client limit: the same GETs vidpoll makes, at the same concurrency, with no database.
-`concurrency` tasks loop over job ids for `seconds`, one shared aiohttp session.
+`concurrency` tasks loop over job ids for `seconds`, one shared aiohttp session. LOOP (asyncio,
+the default, or uvloop) is the event loop it runs on: compare it with vidpoll on the same one.
 
-    python bench/bare_client.py BASE_URL KEY CONCURRENCY SECONDS JOBS
+    python bench/bare_client.py BASE_URL KEY CONCURRENCY SECONDS JOBS [LOOP]
 """
 
 import asyncio
@@ -28,5 +29,11 @@ async def main(base: str, key: str, concurrency: int, seconds: float, jobs: int)
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]),
-                     int(sys.argv[5])))
+    factory = None
+    if len(sys.argv) > 6 and sys.argv[6] == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]),
+                        int(sys.argv[5])))

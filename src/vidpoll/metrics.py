@@ -3,11 +3,20 @@
 The loops call the `observe_*` functions; nothing here does I/O. The metrics are served by
 `vidpoll worker --metrics-port` and `vidpoll serve` (vidpoll.web). Labels are bounded: an
 account, an outcome word, a consumer name; never a job id, never a URL or a key.
+
+`vidpoll worker --processes N --metrics-port P` serves the children's metrics from the
+supervisor alone, through prometheus_client's multiprocess mode: each child is started with
+PROMETHEUS_MULTIPROC_DIR naming one directory (its values live in files there), and the
+supervisor's /metrics sums them (`serve_processes`): counters and histograms over every child
+that ever ran (a restarted child's counts are kept), the in-flight gauge over the live ones.
 """
 
 from __future__ import annotations
 
+import atexit
+import bisect
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,6 +29,21 @@ from vidpoll.models import LOCAL_TERMINAL_STATES, PENDING
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 """This process's metrics (not prometheus_client's global registry)."""
+
+
+class _FlushFirst:
+    """Registered first in REGISTRY, so every collection (a scrape, get_sample_value) begins
+    by adding the status reads counted since the last flush (`_PollTally`)."""
+
+    def collect(self) -> Iterator[Any]:
+        POLL_TALLY.flush()
+        return iter(())
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())
+
+
+REGISTRY.register(_FlushFirst())
 
 POLLS = Counter("vidpoll_polls_total", "Status reads by outcome: not_ready, final, or the "
                 "error class.", ["account", "outcome"], registry=REGISTRY)
@@ -34,7 +58,7 @@ CLAIM_BATCH = Histogram("vidpoll_claim_batch_size", "Rows per claim statement.",
                         buckets=(0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
                         registry=REGISTRY)
 IN_FLIGHT = Gauge("vidpoll_reads_in_flight", "Status reads waiting for the provider now.",
-                  registry=REGISTRY)
+                  registry=REGISTRY, multiprocess_mode="livesum")
 SUBMISSIONS = Counter("vidpoll_submissions_total", "POSTs of intents by outcome: submitted, "
                       "queued (retried later), unknown (refused or unanswered after a lost "
                       "reply: retried slowly) or rejected.", ["account", "outcome"],
@@ -189,13 +213,22 @@ class Minutes:
     def __init__(self) -> None:
         self._cells: dict[MinuteKey, _Cell] = {}
         self._lock = threading.Lock()  # sync hooks' threads never touch it; cheap anyway
+        self._minute: tuple[float, datetime] = (float("nan"), datetime.min)
 
     def add(self, at: datetime, kind: str, account: str, outcome: str,
             late_s: float = 0.0, n: int = 1) -> None:
         """Count `n` events (with their lateness) in the minute of `at`."""
-        key = (at.replace(second=0, microsecond=0), kind, account, outcome)
+        # the minute of the last call again, most of the time (a read a few µs cheaper)
+        number = at.timestamp() // 60
+        seen, minute = self._minute
+        if number != seen or minute.tzinfo is not at.tzinfo:
+            minute = at.replace(second=0, microsecond=0)
+            self._minute = (number, minute)
+        key = (minute, kind, account, outcome)
         with self._lock:
-            cell = self._cells.setdefault(key, _Cell())
+            cell = self._cells.get(key)
+            if cell is None:
+                cell = self._cells[key] = _Cell()
             cell.n += n
             cell.late_sum_s += late_s
             cell.late_max_s = max(cell.late_max_s, late_s)
@@ -216,13 +249,74 @@ class Minutes:
                 cell.late_max_s = max(cell.late_max_s, late_max)
 
 
+TALLY_FLUSH_S = 1.0
+"""Status reads are added to the Prometheus objects at most this late (and at every scrape):
+in a child of `worker --processes`, what the supervisor's /metrics shows lags by this much."""
+
+
+class _PollTally:
+    """Status reads counted in plain Python between two flushes (`observe_poll`, issue 31):
+    the Prometheus objects take a lock for each change, four changes a read (and, in a child
+    of `worker --processes`, a write to a shared file each), which cost a saturated worker
+    about 3 % of its CPU. Here a read is a dict increment and two bucket increments; a flush
+    adds them all, at each scrape and at least every TALLY_FLUSH_S. Fixed-size: the counts
+    are per label pair, the histograms per bucket."""
+
+    def __init__(self) -> None:
+        self.late_bounds = list(LATENESS._upper_bounds)
+        self.read_bounds = list(READ_SECONDS._upper_bounds)
+        self.flush_at = time.monotonic() + TALLY_FLUSH_S
+        self._reset()
+
+    def _reset(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+        self.late = [0] * len(self.late_bounds)
+        self.late_sum = 0.0
+        self.read = [0] * len(self.read_bounds)
+        self.read_sum = 0.0
+
+    def add(self, account: str, outcome: str, late_s: float, read_s: float) -> None:
+        key = (account, outcome)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        # the first bound at or above the value: the bucket Histogram.observe picks
+        self.late[bisect.bisect_left(self.late_bounds, late_s)] += 1
+        self.late_sum += late_s
+        self.read[bisect.bisect_left(self.read_bounds, read_s)] += 1
+        self.read_sum += read_s
+        if time.monotonic() >= self.flush_at:
+            self.flush()
+
+    def flush(self) -> None:
+        """Add everything counted since the last flush to the Prometheus objects."""
+        self.flush_at = time.monotonic() + TALLY_FLUSH_S
+        if not self.counts:
+            return
+        counts, late, late_sum, read, read_sum = (self.counts, self.late, self.late_sum,
+                                                  self.read, self.read_sum)
+        self._reset()
+        for (account, outcome), n in counts.items():
+            POLLS.labels(account, outcome).inc(n)
+        for histogram, buckets, total in ((LATENESS, late, late_sum),
+                                          (READ_SECONDS, read, read_sum)):
+            # Histogram.observe's own two steps (a bucket, the sum), n at a time
+            # (prometheus_client pinned in constraints.txt; the test suite scrapes these)
+            for i, n in enumerate(buckets):
+                if n:
+                    histogram._buckets[i].inc(n)
+            histogram._sum.inc(total)
+
+
+POLL_TALLY = _PollTally()
+atexit.register(POLL_TALLY.flush)  # a child of --processes: its last second's reads too
+
+
 def observe_poll(minutes: Minutes, at: datetime, account: str, outcome: str,
                  late_s: float, read_s: float) -> None:
-    """One status read: its outcome, how late it started, how long it took."""
-    POLLS.labels(account, outcome).inc()
-    LATENESS.observe(max(0.0, late_s))
-    READ_SECONDS.observe(read_s)
-    minutes.add(at, "poll", account, outcome, max(0.0, late_s))
+    """One status read: its outcome, how late it started, how long it took (in Prometheus
+    at the next scrape, or within TALLY_FLUSH_S: `_PollTally`)."""
+    late = late_s if late_s > 0.0 else 0.0
+    POLL_TALLY.add(account, outcome, late, read_s)
+    minutes.add(at, "poll", account, outcome, late)
 
 
 def observe_submission(minutes: Minutes, at: datetime, account: str, outcome: str) -> None:
@@ -231,12 +325,50 @@ def observe_submission(minutes: Minutes, at: datetime, account: str, outcome: st
     minutes.add(at, "submit", account, outcome)
 
 
+class _Families:
+    """A collector that passes on only the named families of another (the children's files
+    hold the table's gauges too, at their defaults: a worker never exports those)."""
+
+    def __init__(self, inner: Any, names: set[str]) -> None:
+        self.inner = inner
+        self.names = names
+
+    def collect(self) -> Iterator[Any]:
+        for family in self.inner.collect():
+            if family.name in self.names:
+                yield family
+
+
+def serve_processes(path: str) -> None:
+    """Make REGISTRY (what a worker's /metrics exports) the sum of the worker processes whose
+    values live in `path` (their PROMETHEUS_MULTIPROC_DIR), in the supervisor of `worker
+    --processes`, which records nothing of its own."""
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    global REGISTRY
+    names = {family.name for family in REGISTRY.collect()}  # every family a process counts
+    merged = CollectorRegistry(auto_describe=True)
+    merged.register(_Families(MultiProcessCollector(None, path), names))  # type: ignore[no-untyped-call]
+    REGISTRY = merged
+
+
+def process_ended(pid: int, path: str) -> None:
+    """A worker process of `serve_processes` ended: its live gauges (reads in flight) no
+    longer count; its counters do."""
+    from prometheus_client.multiprocess import mark_process_dead
+
+    mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+
+
+def _process_collectors() -> tuple[Any, ...]:
+    """Every collector of REGISTRY: what a process counts itself."""
+    return (POLLS, READ_SECONDS, LATENESS, CLAIM_BATCH, IN_FLIGHT, SUBMISSIONS,
+            RECONCILIATIONS, LIST_CALLS, RESULT_FETCHES, DELIVERIES, TOKENS, BUDGET_WAITS,
+            SERVER_PAUSES, MISROUTE_PAUSES, FENCED_OUT, DB_ERRORS, WEBHOOKS_REJECTED)
+
+
 def metric_names() -> Iterator[str]:
     """Every metric family this module defines (for docs and tests)."""
-    for collector in (POLLS, READ_SECONDS, LATENESS, CLAIM_BATCH, IN_FLIGHT, SUBMISSIONS,
-                      RECONCILIATIONS, LIST_CALLS, RESULT_FETCHES, DELIVERIES, TOKENS,
-                      BUDGET_WAITS, SERVER_PAUSES,
-                      MISROUTE_PAUSES, FENCED_OUT, DB_ERRORS, WEBHOOKS_REJECTED, JOBS,
-                      JOBS_ESTIMATED, STATISTICS_AGE, DUE, OLDEST_DUE, SPEND_TOTAL,
-                      SPEND_RESERVED, INTENTS_HELD):
+    for collector in (*_process_collectors(), JOBS, JOBS_ESTIMATED, STATISTICS_AGE, DUE,
+                      OLDEST_DUE, SPEND_TOTAL, SPEND_RESERVED, INTENTS_HELD):
         yield from (m.name for m in collector.describe())

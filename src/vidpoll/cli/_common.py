@@ -15,6 +15,7 @@ import errno
 import importlib
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -72,15 +73,48 @@ def _stderr(text: str) -> None:
     click.echo(logs.say(level, rest, "vidpoll.cli"), err=True)
 
 
+EVENT_LOOP_VARIABLE = "VIDPOLL_EVENT_LOOP"
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+DEFAULT_EVENT_LOOP = "asyncio"
+"""VIDPOLL_EVENT_LOOP: `auto` runs on uvloop where it is installed, else on asyncio's own loop;
+`asyncio` never uses uvloop; `uvloop` insists on it (exit 2 without it). BENCHMARKS.md ("Loop
+choice") has the measurement behind the default."""
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop every command runs on (VIDPOLL_EVENT_LOOP); None: asyncio's own."""
+    choice = os.environ.get(EVENT_LOOP_VARIABLE, "").strip().lower() or DEFAULT_EVENT_LOOP
+    if choice not in EVENT_LOOPS:
+        raise ConfigError(f"{EVENT_LOOP_VARIABLE} must be one of {', '.join(EVENT_LOOPS)}, "
+                          f"not {choice[:32]!r}")
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigError(f"{EVENT_LOOP_VARIABLE}=uvloop, but uvloop is not installed "
+                              "(pip install uvloop)") from None
+        return None
+    return uvloop.new_event_loop
+
+
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine; turn vidpoll's errors into one clear line and an exit code."""
+    """Run a coroutine on the chosen event loop (`_loop_factory`); turn vidpoll's errors into
+    one clear line and an exit code."""
     async def with_task_dump() -> T:
         with contextlib.suppress(NotImplementedError, AttributeError):  # not on Windows
             asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, logs.dump_tasks)
         return await coro
 
     try:
-        return asyncio.run(with_task_dump())
+        try:
+            factory = _loop_factory()
+        except ConfigError:
+            coro.close()  # never awaited: no "coroutine was never awaited" warning
+            raise
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(with_task_dump())
     except VidpollError as exc:
         _stderr(f"error: {exc}")
         sys.exit(next((c for t, c in EXIT_CODES.items() if isinstance(exc, t)), 1))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from vidpoll.aio import cancel_and_wait
 from vidpoll.cli._common import (
     LaterOption,
     _listening,
@@ -43,7 +44,10 @@ if TYPE_CHECKING:
 @click.option("--drain", is_flag=True,
               help="Exit 0 once no job is pending (and, when submitting, no intent queued).")
 @click.option("--no-listen", is_flag=True, help="Do not LISTEN (for transaction poolers).")
-@click.option("--batch-size", default=100, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--batch-size", default=200, show_default=True, type=click.IntRange(1, 10_000),
+              help="Rows one claim statement may take; half of min(this, --concurrency) is "
+                   "kept claimed ahead for the next free slots (BENCHMARKS.md, \"Per-read "
+                   "cost\": 200 takes half as many claims as 100 at --concurrency 200).")
 @click.option("--lease-seconds", type=click.FloatRange(1, 3600),
               help="Lease length; default: HTTP timeout + 10 s.")
 @click.option("--db-connections", default=4, show_default=True, type=click.IntRange(2, 100),
@@ -87,6 +91,13 @@ if TYPE_CHECKING:
               type=click.FloatRange(0.1, 86_400), help="Seconds a hook may run per try.")
 @click.option("--delivery-concurrency", default=4, show_default=True,
               type=click.IntRange(1, 1000), help="Downloads (and runs of each hook) at once.")
+@click.option("--processes", metavar="N|auto",
+              help="Run N worker processes of this same command (auto: one per CPU core), "
+                   "supervised by this one: one that crashes is started again with backoff; "
+                   "SIGTERM/SIGINT/SIGHUP are passed on to each, and this one waits for them "
+                   "within --shutdown-timeout; --metrics-port serves all of them on one "
+                   "endpoint. Each has its own --concurrency and --db-connections. [default: "
+                   "this process is the one worker]")
 @click.option("--metrics-port", type=click.IntRange(0, 65535),
               help="Serve Prometheus /metrics (and /healthz, /readyz) on this port.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
@@ -105,8 +116,8 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                status_rate_per_min: float | None, submit_rate_per_min: float | None,
                rate_burst: float | None, fetch_results: bool, hook_specs: tuple[str, ...],
                download_dir: str | None, hook_timeout: float,
-               delivery_concurrency: int, metrics_port: int | None, metrics_host: str,
-               shutdown_timeout: float) -> None:
+               delivery_concurrency: int, processes: str | None, metrics_port: int | None,
+               metrics_host: str, shutdown_timeout: float) -> None:
     """Poll due jobs and send queued intents until stopped (SIGTERM/SIGINT finish what is in
     flight, then exit 0)."""
     from vidpoll.accounts import client_for
@@ -114,6 +125,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
     from vidpoll.deliver import Deliverer, DeliveryConfig
     from vidpoll.download import Downloader, inline_fetcher, media_refresher
     from vidpoll.models import ClaimMode
+    from vidpoll.procs import processes_wanted, supervisor_pid
     from vidpoll.runner import default_worker_id
     from vidpoll.store import POLLS, SUBMITS, Serves
     from vidpoll.submitter import Submitter, SubmitterConfig
@@ -121,6 +133,15 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
 
     if poll_only and submit_only:
         raise click.UsageError("--poll-only and --submit-only exclude each other")
+    supervisor = supervisor_pid()
+    children = 0
+    if processes is not None and supervisor is None:
+        try:
+            children = processes_wanted(processes)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--processes'") from None
+    if supervisor is not None:
+        metrics_port = None  # one of N: the supervisor serves every child's metrics
     settings = _settings()
     try:
         hooks = {spec: _load_hook(spec) for spec in hook_specs}
@@ -167,7 +188,8 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
             poll_floors={name: acc.min_poll_s for name, acc in settings.accounts.items()
                          if name in served and acc.min_poll_s is not None},
             vacuum_every_rows=vacuum_every, read_timeout_s=settings.http_timeout_s,
-            shutdown_timeout_s=shutdown_timeout, spends=settings.spends(served))
+            shutdown_timeout_s=shutdown_timeout, spends=settings.spends(served),
+            timings=settings.timings(served)[0], providers=settings.timings(served)[1])
     except ConfigError as exc:
         _stderr(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)")
         sys.exit(2)
@@ -188,6 +210,11 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
             _stderr(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)")
             sys.exit(2)
 
+    if children:
+        # every setting above was checked once here: a mistake exits 2 before any child starts
+        _supervise(children, settings, db_connections, metrics_port, metrics_host,
+                   shutdown_timeout)
+        return
     serves = Serves(("" if submit_only else POLLS) + ("" if poll_only else SUBMITS), served)
 
     async def go() -> None:
@@ -206,10 +233,16 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                     settings, a, max_connections=concurrency + submit_concurrency))
                     for a in served}
                 parts: list[Worker | Submitter] = []
+                # one process, one view of the render times: the submitter plans a new
+                # job's first read from the poller's learned schedules
+                schedules = None
                 if not submit_only:
-                    parts.append(Worker(store, clients, poll_config))
+                    poller = Worker(store, clients, poll_config)
+                    schedules = poller.schedules
+                    parts.append(poller)
                 if submit_config is not None:
-                    parts.append(Submitter(store, clients, submit_config))
+                    parts.append(Submitter(store, clients, submit_config,
+                                           schedules=schedules))
                 deliverer = None
                 if hooks or download_dir is not None:
                     downloader = None
@@ -234,6 +267,14 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, stopping.signalled, sig)
                 loop.add_signal_handler(signal.SIGHUP, _reload_spends, parts, served)
+                if supervisor is not None:
+                    watch = asyncio.create_task(_watch_supervisor(supervisor, stopping))
+                    stack.push_async_callback(cancel_and_wait, watch)
+                    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                        # the supervisor's scrape reads the shared files: no scrape here flushes
+                        # the batched counts, so a child idle after its last read flushes them
+                        flusher = asyncio.create_task(_flush_counts())
+                        stack.push_async_callback(cancel_and_wait, flusher)
 
                 async def produce() -> None:
                     await asyncio.gather(*(p.run() for p in parts))
@@ -245,6 +286,83 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
             await store.close()
 
     _run(go())
+
+
+def _supervise(children: int, settings: Settings, db_connections: int,
+               metrics_port: int | None, metrics_host: str, shutdown_timeout: float) -> None:
+    """`--processes N`: run N children of this same command (vidpoll.procs) and, with
+    --metrics-port, serve all their metrics here (prometheus_client's multiprocess mode:
+    vidpoll.metrics.serve_processes). Exits with the supervisor's code."""
+    import shutil
+    import tempfile
+
+    from vidpoll import metrics
+    from vidpoll.procs import SUPERVISOR_VARIABLE, ProcessesConfig, Supervisor
+
+    env = dict(os.environ)
+    env[SUPERVISOR_VARIABLE] = str(os.getpid())
+    shared = None
+    if metrics_port is not None:
+        shared = tempfile.mkdtemp(prefix="vidpoll-metrics-")
+        env["PROMETHEUS_MULTIPROC_DIR"] = shared
+    config = ProcessesConfig(processes=children,
+                             command=[sys.executable, "-m", "vidpoll.cli", *sys.argv[1:]],
+                             env=env, shutdown_timeout_s=shutdown_timeout)
+
+    async def go() -> int:
+        def ended(pid: int) -> None:
+            if shared is not None:
+                metrics.process_ended(pid, shared)
+
+        procs = Supervisor(config, on_exit=ended)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, procs.signalled, sig)
+        async with contextlib.AsyncExitStack() as stack:
+            if shared is not None and metrics_port is not None:
+                from vidpoll.web import metrics_app, start_server
+
+                metrics.serve_processes(shared)
+                # /readyz asks the database: one connection, for that alone
+                store = await _open_store(settings, 1, "vidpoll supervisor")
+                stack.push_async_callback(store.close)
+                server, url = await _listening(
+                    start_server(metrics_app(store), metrics_host, metrics_port),
+                    metrics_host, metrics_port, "--metrics-port", "--metrics-host")
+                stack.push_async_callback(server.cleanup)
+                log.info("metrics of %d worker processes on %s/metrics", children, url)
+            log.info("starting %d worker processes (each: up to %d database connections and "
+                     "its own --concurrency)", children, db_connections)
+            return await procs.run()
+
+    try:
+        code = _run(go())
+    finally:
+        if shared is not None:
+            shutil.rmtree(shared, ignore_errors=True)
+    sys.exit(code)
+
+
+async def _flush_counts() -> None:
+    """One of `--processes N --metrics-port P`: the batched read counts into the shared files
+    every TALLY_FLUSH_S, read or no read (vidpoll.metrics._PollTally)."""
+    from vidpoll import metrics
+
+    while True:
+        await asyncio.sleep(metrics.TALLY_FLUSH_S)
+        metrics.POLL_TALLY.flush()
+
+
+async def _watch_supervisor(supervisor: int, stopping: _Stopping) -> None:
+    """One of `--processes N`: stop as after SIGTERM once the supervisor has died (a kill -9
+    sends nothing on; the child must not poll on, unsupervised, for ever)."""
+    from vidpoll.procs import parent_gone
+
+    # no event tells a child that its parent died: a look a second (one syscall)
+    while not parent_gone(supervisor):  # noqa: ASYNC110
+        await asyncio.sleep(1.0)
+    log.warning("the supervisor (pid %d) is gone: stopping", supervisor)
+    stopping.signalled(signal.SIGTERM)
 
 
 def _reload_spends(parts: Sequence[Worker | Submitter], served: Sequence[str]) -> None:
