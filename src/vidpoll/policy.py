@@ -295,23 +295,38 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400: past a double's range; no JSON writer (nor jsonb) takes it
+        raise ValueError("a number past a double's range")
+    return value
+
+
+_BODY_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+"""One decoder for every answer (json.loads with a keyword builds a new one per call)."""
+
+
 def _json_object(body: bytes) -> dict[str, Any] | None:
     """The body as a JSON object that PostgreSQL can store, else None.
 
     Python's json accepts NaN/Infinity, numbers it turns into inf (1e400), "\\u0000" and lone
     surrogates; jsonb and text refuse them, so such a body counts as malformed instead of
-    failing the batch write.
+    failing the batch write. NaN, Infinity and inf are refused while parsing; a NUL or a lone
+    surrogate can only arrive as a \\u escape (or, for a surrogate, as bytes that are no UTF-8,
+    which the encode below refuses), so only a body with an escape is written out again to
+    look for them (the hot path of every read: most answers have none).
     """
     try:
-        value = json.loads(body, parse_constant=_reject_constant)
+        text = body.decode(json.detect_encoding(body), "surrogatepass")
+        value = _BODY_DECODER.decode(text)
         if not isinstance(value, dict):
             return None
-        # allow_nan=False: a number past a double's range (1e400) parses as inf, which no
-        # JSON writer accepts; such a body would fail the whole batch's write, every time
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
         text.encode("utf-8")  # raises UnicodeEncodeError on a lone surrogate
-        if _has_nul(text):
-            return None
+        if "\\u" in text:
+            again = json.dumps(value, ensure_ascii=False, allow_nan=False)
+            again.encode("utf-8")
+            if _has_nul(again):
+                return None
     except (ValueError, UnicodeError, RecursionError):
         return None
     return value

@@ -57,22 +57,45 @@ def _outcome_params(outcomes: Sequence[Outcome], now: datetime | None) -> dict[s
     # One JSON document for the whole batch: json.dumps runs in C, while eleven parameter
     # arrays were dumped element by element in Python (a twentieth of a busy worker's CPU).
     # age_s: how long ago each answer arrived, on this process's monotonic clock; the query
-    # counts the hint from then (the database's clock minus the age: no clock skew)
+    # counts the hint from then (the database's clock minus the age: no clock skew).
+    # A field that is None is left out: jsonb_to_recordset reads a missing key as NULL, and
+    # most of them are None on most reads (issue 31: about half the encoding work)
     sent = time.monotonic()
-    return {"outcomes": json.dumps([
-        {"job_id": o.job_id, "claim_token": str(o.claim_token), "state": o.state,
-         "delay_s": float(o.delay_s), "read_ok": o.read_ok, "http_status": o.http_status,
-         "error_class": o.error_class.value if o.error_class else None, "error": o.error,
-         "provider_status": o.provider_status, "body": o.body, "request_id": o.request_id,
-         "age_s": max(0.0, sent - o.answered_mono) if o.answered_mono else 0.0,
-         "succeeded": o.succeeded, "outcome": o.outcome,
-         "inline": o.inline_result and o.succeeded,
-         # amounts as text: exact decimals through JSON (0017)
-         "cost": None if o.cost is None else str(o.cost),
-         "provider_cost": None if o.provider_cost is None else str(o.provider_cost),
-         "provider_cost_unit": o.provider_cost_unit, "render_s": o.render_s,
-         "poll_reason": o.poll_reason, "overdue_after_s": o.overdue_after_s}
-        for o in outcomes], allow_nan=False), "now": now}
+    rows = []
+    for o in outcomes:
+        row: dict[str, Any] = {
+            "job_id": o.job_id, "claim_token": str(o.claim_token), "state": o.state,
+            "delay_s": float(o.delay_s), "read_ok": o.read_ok,
+            "age_s": max(0.0, sent - o.answered_mono) if o.answered_mono else 0.0,
+            "succeeded": o.succeeded, "inline": o.inline_result and o.succeeded}
+        if o.http_status is not None:
+            row["http_status"] = o.http_status
+        if o.error_class is not None:
+            row["error_class"] = o.error_class.value
+        if o.error is not None:
+            row["error"] = o.error
+        if o.provider_status is not None:
+            row["provider_status"] = o.provider_status
+        if o.body is not None:
+            row["body"] = o.body
+        if o.request_id is not None:
+            row["request_id"] = o.request_id
+        if o.outcome is not None:
+            row["outcome"] = o.outcome
+        if o.cost is not None:  # amounts as text: exact decimals through JSON (0017)
+            row["cost"] = str(o.cost)
+        if o.provider_cost is not None:
+            row["provider_cost"] = str(o.provider_cost)
+        if o.provider_cost_unit is not None:
+            row["provider_cost_unit"] = o.provider_cost_unit
+        if o.render_s is not None:
+            row["render_s"] = o.render_s
+        if o.poll_reason is not None:
+            row["poll_reason"] = o.poll_reason
+        if o.overdue_after_s is not None:
+            row["overdue_after_s"] = o.overdue_after_s
+        rows.append(row)
+    return {"outcomes": json.dumps(rows, allow_nan=False), "now": now}
 
 
 def _release_params(jobs: Sequence[ClaimedJob]) -> dict[str, Any]:
