@@ -201,7 +201,8 @@ def test_the_scanner_passes_parameterised_sql(snippet: str) -> None:
 
 
 _VALID_PLACEHOLDER = re.compile(r"%\(\w+\)s|%%")
-_DYNAMIC_SQL = re.compile(r"\bEXECUTE\b(?!\s+(FUNCTION|PROCEDURE)\b)|\bformat\s*\(",
+# EXECUTE FUNCTION/PROCEDURE (a trigger's), EXECUTE ON (a privilege granted or revoked)
+_DYNAMIC_SQL = re.compile(r"\bEXECUTE\b(?!\s+(FUNCTION|PROCEDURE|ON)\b)|\bformat\s*\(",
                           re.IGNORECASE)
 _FORMAT_FIELD = re.compile(r"\{\w*\}")
 _NAMED_FIELD = re.compile(r"\{\w+\}")
