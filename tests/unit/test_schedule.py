@@ -223,3 +223,16 @@ def test_a_plan_is_asked_for_only_when_the_answer_has_no_hint() -> None:
     assert hinted.delay_s == 3.0 and asked == []
     plain = _decide({"status": "running"}, 10.0, schedule)
     assert plain.poll_reason == "fixed 15s: render times not read yet" and asked == [1]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_short_history_plans_no_misses_on_the_renders_it_has_barely_seen(seed: int) -> None:
+    # 130 render times know the tails poorly: the dense reads go on to the longest of them,
+    # and fewer misses are planned on the shortest (a real run's 240 s model missed its 14 s
+    # target, p95 23 s, when a plan from 130 render times stopped early)
+    history = durations_from_samples(lognormal(240, 0.25, 130, seed))
+    p = plan(history, target_s=14.0)
+    assert p.reads[-1] >= history.longest
+    assert missed_share(history, p.reads, 14.0) <= 0.03 * 130 / 500 + 1e-9
+    _, p95 = evaluate(p.reads, lognormal(240, 0.25, 20_000, 100 + seed), 15.0)
+    assert p95 <= 14.0
