@@ -96,7 +96,10 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
             raise ConfigError(f"{EVENT_LOOP_VARIABLE}=uvloop, but uvloop is not installed "
                               "(pip install uvloop)") from None
         return None
-    return uvloop.new_event_loop
+    # typed or not: uvloop is no dependency (the `bench` extra installs it), so mypy may
+    # not see it
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
