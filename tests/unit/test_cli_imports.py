@@ -64,3 +64,15 @@ def test_every_public_name_is_there_on_first_use() -> None:
     assert Vidpoll is Defined
     with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
         vidpoll.Nothing  # noqa: B018  # an unknown name is still an AttributeError
+
+
+def test_a_bad_event_loop_setting_is_one_line_and_exit_2() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "VIDPOLL_EVENT_LOOP": "tokio", "DATABASE_URL": "postgresql:///x"}
+    done = subprocess.run([sys.executable, "-m", "vidpoll.cli", "jobs", "list"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "VIDPOLL_EVENT_LOOP must be one of auto, asyncio, uvloop, not 'tokio'" in done.stderr
