@@ -42,12 +42,21 @@ $(BENCH_STAMP): $(STAMP)
 	touch $(BENCH_STAMP)
 
 # Never part of `make test`. DATABASE_URL set: that server; unset: the embedded one.
+# bench/schedule.py: the learned poll schedule against fixed intervals, Replicate's 0.5 s and
+# the oracle (BENCHMARKS.md, "A learned poll schedule"): the model (exact, ~40 s) and real
+# workers against the fake Replicate (time / 5, ~7 minutes).
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/suite.py --out bench/results.jsonl
+	$(BIN)/python bench/schedule.py --out bench/results.jsonl
 	$(BIN)/python bench/plots.py bench/results.jsonl
 
 bench-quick: $(BENCH_STAMP)
 	$(BIN)/python bench/suite.py --quick --out bench/results-quick.jsonl
+	$(BIN)/python bench/schedule.py --quick --out bench/results-quick.jsonl
+
+.PHONY: bench-schedule
+bench-schedule: $(STAMP)
+	$(BIN)/python bench/schedule.py --out bench/results.jsonl
 
 # CPU seconds `vidpoll` takes to start (--help, submit --help, jobs list --help, a real submit),
 # median and max of 10 runs each, and the heavy modules each loads (bench/startup.py;
