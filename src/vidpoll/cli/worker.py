@@ -178,6 +178,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
     if claim_mode == "lock" and pool_size < 2:
         raise click.UsageError("--claim lock holds a pooled connection per locked batch: it "
                                "needs --db-connections 3 or more (2 with --no-listen)")
+    timings, providers = settings.timings(served)
     try:
         poll_config = WorkerConfig(
             concurrency=concurrency, claim_mode=ClaimMode(claim_mode), lease_s=lease_s,
@@ -189,7 +190,7 @@ def worker_cmd(concurrency: int, claim_mode: str, drain: bool, no_listen: bool,
                          if name in served and acc.min_poll_s is not None},
             vacuum_every_rows=vacuum_every, read_timeout_s=settings.http_timeout_s,
             shutdown_timeout_s=shutdown_timeout, spends=settings.spends(served),
-            timings=settings.timings(served)[0], providers=settings.timings(served)[1])
+            timings=timings, providers=providers)
     except ConfigError as exc:
         _stderr(f"error: {exc} (--lease-seconds, VIDPOLL_HTTP_TIMEOUT)")
         sys.exit(2)
